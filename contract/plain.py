@@ -1,0 +1,88 @@
+"""Plain-data form of arbitrary vLLM objects: JSON-safe, never executable, lossless where the
+value is plain data, and a described stub (type, size, shape) where it is not.
+
+Both sides use it: the recorder to store objects without a column of their own, the replay side to
+compare a live SchedulerOutput with what a trace holds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import sys
+from typing import Any
+
+MAX_DEPTH = 8
+
+
+def type_name(value: Any) -> str:
+    t = type(value)
+    return f"{t.__module__}.{t.__qualname__}"
+
+
+def _size(value: Any) -> int:
+    nbytes = getattr(value, "nbytes", None)
+    if isinstance(nbytes, int):
+        return nbytes
+    try:
+        return sys.getsizeof(value)
+    except TypeError:
+        return 0
+
+
+def opaque(value: Any) -> dict:
+    """A description of a value that is not plain data (tensor, callable, handle)."""
+    out: dict[str, Any] = {"__opaque__": type_name(value), "size": _size(value)}
+    shape = getattr(value, "shape", None)
+    if shape is not None:
+        out["shape"] = [int(s) for s in shape]
+        out["dtype"] = str(getattr(value, "dtype", ""))
+    return out
+
+
+def is_opaque(plain: Any) -> bool:
+    return isinstance(plain, dict) and "__opaque__" in plain
+
+
+def to_plain(value: Any, depth: int = 0) -> Any:
+    """Convert to JSON-safe plain data. Sets become sorted lists, tuples lists, enums their name,
+    dataclasses and msgspec structs dicts tagged with "__type__"; anything else opaque."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if depth > MAX_DEPTH:
+        return opaque(value)
+    d = depth + 1
+    if isinstance(value, (list, tuple)):
+        return [to_plain(v, d) for v in value]
+    if isinstance(value, (set, frozenset)):
+        return sorted((to_plain(v, d) for v in value), key=repr)
+    if isinstance(value, dict):
+        return {str(k): to_plain(v, d) for k, v in value.items()}
+    if isinstance(value, enum.Enum):
+        return f"{type(value).__name__}.{value.name}"
+    if isinstance(value, bytes):
+        return {"__bytes__": value.hex()}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        out = {"__type__": type(value).__qualname__}
+        for f in dataclasses.fields(value):
+            out[f.name] = to_plain(getattr(value, f.name), d)
+        return out
+    struct_fields = getattr(type(value), "__struct_fields__", None)  # msgspec.Struct
+    if struct_fields is not None:
+        out = {"__type__": type(value).__qualname__}
+        for name in struct_fields:
+            out[name] = to_plain(getattr(value, name, None), d)
+        return out
+    return opaque(value)
+
+
+def dumps(value: Any) -> str | None:
+    """JSON of the plain form; None stays None (a SQL NULL)."""
+    if value is None:
+        return None
+    return json.dumps(to_plain(value), sort_keys=True, separators=(",", ":"))
+
+
+def loads(text: str | None) -> Any:
+    return None if text is None else json.loads(text)

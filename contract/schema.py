@@ -1,0 +1,180 @@
+"""The trace format, defined once: table names, columns, types, docs and the format version.
+
+Both the recorder (which writes) and replay (which reads) import this module; docs/trace-format.md
+is generated from it (`python -m vllm_contract.schema`), so the three cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+SEGMENT_SUFFIX = ".arrows"
+PARQUET_SUFFIX = ".parquet"
+ENGINE_DIR_PREFIX = "engine="
+
+_I64 = pa.int64()
+_I32 = pa.int32()
+_STR = pa.string()
+_BOOL = pa.bool_()
+_INTS = pa.list_(pa.int64())
+_BLOCKS = pa.list_(pa.list_(pa.int32()))  # one block id list per KV cache group
+
+
+def _col(name: str, typ: pa.DataType, doc: str, nullable: bool = True) -> pa.Field:
+    return pa.field(name, typ, nullable=nullable, metadata={"doc": doc})
+
+
+_STEP = _col("step", _I64, "Engine step number, 0 for the first recorded schedule() call.", False)
+
+TABLES: dict[str, tuple[str, pa.Schema]] = {
+    "steps": (
+        "One row per schedule() call: the SchedulerOutput's scalar fields and the scheduler's state.",
+        pa.schema([
+            _STEP,
+            _col("t_ns", _I64, "Wall clock (ns since epoch) when schedule() returned.", False),
+            _col("schedule_ns", _I64, "Duration of schedule() in ns.", False),
+            _col("total_num_scheduled_tokens", _I64, "SchedulerOutput.total_num_scheduled_tokens."),
+            _col("num_new", _I64, "len(scheduled_new_reqs)."),
+            _col("num_cached", _I64, "len(scheduled_cached_reqs.req_ids)."),
+            _col("num_finished", _I64, "len(finished_req_ids)."),
+            _col("num_running", _I64, "Scheduler's running queue length after schedule()."),
+            _col("num_waiting", _I64, "Scheduler's waiting queue length after schedule()."),
+            _col("kv_usage", pa.float64(), "Fraction of KV cache blocks in use after schedule()."),
+            _col("preempted_is_null", _BOOL, "preempted_req_ids was None (not an empty set)."),
+            _col("invalid_spec_is_null", _BOOL, "num_invalid_spec_tokens was None (not empty)."),
+            _col("cached_new_token_ids_len", _I64,
+                 "len(scheduled_cached_reqs.new_token_ids): 0 unless pipeline parallel."),
+            _col("num_common_prefix_blocks", _INTS, "SchedulerOutput.num_common_prefix_blocks."),
+            _col("new_block_ids_to_zero", _INTS, "SchedulerOutput.new_block_ids_to_zero."),
+            _col("has_structured_output_requests", _BOOL, "Same-named SchedulerOutput field."),
+            _col("pending_structured_output_tokens", _BOOL, "Same-named SchedulerOutput field."),
+            _col("has_sync_kv_loads", _BOOL, "Same-named SchedulerOutput field."),
+            _col("num_spec_tokens_to_schedule", _I64, "Same-named SchedulerOutput field."),
+        ]),
+    ),
+    "scheduled": (
+        "One row per (step, request id) named by any per-request part of the SchedulerOutput: "
+        "the new and cached request lists and the per-request dicts.",
+        pa.schema([
+            _STEP,
+            _col("req_id", _STR, "Request id (vLLM's internal id, with its random suffix).", False),
+            _col("kind", _STR, "'new', 'cached' or 'resumed' (cached and in resumed_req_ids); "
+                 "NULL when the id is only a key of a per-request dict."),
+            _col("pos", _I64, "Index in scheduled_new_reqs or scheduled_cached_reqs.req_ids."),
+            _col("resumed", _BOOL, "Id is in scheduled_cached_reqs.resumed_req_ids."),
+            _col("num_scheduled_tokens", _I64, "num_scheduled_tokens[req_id], NULL if absent."),
+            _col("num_computed_tokens", _I64, "num_computed_tokens sent to the worker."),
+            _col("num_output_tokens", _I64, "Cached requests: num_output_tokens."),
+            _col("new_block_ids", _BLOCKS, "New requests: block_ids; cached: new_block_ids "
+                 "(the whole table when resumed). NULL when None."),
+            _col("new_token_ids", _INTS, "Cached requests: new_token_ids (pipeline parallel only)."),
+            _col("all_token_ids", _INTS, "scheduled_cached_reqs.all_token_ids[req_id]."),
+            _col("spec_token_ids", _INTS, "scheduled_spec_decode_tokens[req_id]."),
+            _col("num_invalid_spec_tokens", _I64, "num_invalid_spec_tokens[req_id]."),
+            _col("encoder_inputs", _INTS, "scheduled_encoder_inputs[req_id]."),
+        ]),
+    ),
+    "requests": (
+        "One row per NewRequestData: what the worker caches when a request is introduced.",
+        pa.schema([
+            _STEP,
+            _col("req_id", _STR, "Request id.", False),
+            _col("pos", _I64, "Index in scheduled_new_reqs."),
+            _col("prompt_token_ids", _INTS, "Prompt token ids (NULL when redacted or embeds)."),
+            _col("prompt_len", _I64, "Prompt length in tokens."),
+            _col("sampling_params", _STR, "SamplingParams as JSON (see docs: plain-data JSON)."),
+            _col("pooling_params", _STR, "PoolingParams as JSON."),
+            _col("lora_request", _STR, "LoRARequest as JSON."),
+            _col("mm_features", _STR, "Multimodal feature specs as JSON (tensors as opaque)."),
+            _col("prompt_embeds", _STR, "Prompt embeddings tensor: opaque description as JSON."),
+            _col("prompt_is_token_ids", pa.list_(_BOOL), "NewRequestData.prompt_is_token_ids."),
+            _col("prefill_token_ids", _INTS, "NewRequestData.prefill_token_ids."),
+            _col("replay_start", _I64, "NewRequestData.replay_start."),
+        ]),
+    ),
+    "finished": (
+        "One row per id in a step's finished_req_ids (delivered to the worker with that step).",
+        pa.schema([_STEP, _col("req_id", _STR, "Finished request id.", False)]),
+    ),
+    "preempted": (
+        "One row per id in a step's preempted_req_ids.",
+        pa.schema([_STEP, _col("req_id", _STR, "Preempted request id.", False)]),
+    ),
+    "freed_mm": (
+        "One row per entry of a step's free_encoder_mm_hashes.",
+        pa.schema([
+            _STEP,
+            _col("pos", _I64, "Index in free_encoder_mm_hashes."),
+            _col("mm_hash", _STR, "Multimodal hash whose encoder output the worker frees.", False),
+        ]),
+    ),
+    "updates": (
+        "One row per update_from_output() call, matched to its schedule() by object identity.",
+        pa.schema([
+            _STEP,
+            _col("t_ns", _I64, "Wall clock when update_from_output() returned.", False),
+            _col("update_ns", _I64, "Duration of update_from_output() in ns.", False),
+            _col("num_outputs", _I64, "len(model_runner_output.req_ids)."),
+        ]),
+    ),
+    "model_outputs": (
+        "One row per request in a step's ModelRunnerOutput.",
+        pa.schema([
+            _STEP,
+            _col("req_id", _STR, "Request id.", False),
+            _col("pos", _I64, "Index in model_runner_output.req_ids."),
+            _col("sampled_token_ids", _INTS, "Tokens sampled for this request in this step."),
+            _col("num_nans_in_logits", _I64, "num_nans_in_logits[req_id], if reported."),
+        ]),
+    ),
+    "finish_events": (
+        "One row per request the engine finished: from update_from_output()'s outputs "
+        "(stop, length, ...) and from finish_requests() (aborts).",
+        pa.schema([
+            _STEP,
+            _col("req_id", _STR, "Request id.", False),
+            _col("reason", _STR, "FinishReason or RequestStatus name, e.g. LENGTH, FINISHED_ABORTED."),
+            _col("source", _STR, "'update_from_output' or 'finish_requests'."),
+            _col("t_ns", _I64, "Wall clock of the event."),
+        ]),
+    ),
+    "extra_fields": (
+        "Fields without a column of their own: dataclass fields this recorder does not know "
+        "(contract drift) and opaque objects (connector metadata, tensors), never dropped.",
+        pa.schema([
+            _STEP,
+            _col("owner", _STR, "Dataclass: SchedulerOutput, NewRequestData, CachedRequestData, "
+                 "ModelRunnerOutput.", False),
+            _col("req_id", _STR, "Request id for per-request objects, else NULL."),
+            _col("field", _STR, "Field name.", False),
+            _col("type_name", _STR, "Qualified type name of the value."),
+            _col("size", _I64, "Approximate size in bytes of opaque values."),
+            _col("value_json", _STR, "Plain-data JSON of the value (opaque parts described)."),
+            _col("pickled", pa.binary(), "Pickled value: only with VLLM_CONTRACT_PICKLE_OPAQUE=1; "
+                 "reading it back needs allow_pickle=True."),
+        ]),
+    ),
+}
+
+TABLE_NAMES = tuple(TABLES)
+
+
+def schema(table: str) -> pa.Schema:
+    return TABLES[table][1]
+
+
+def markdown() -> str:
+    """The tables section of docs/trace-format.md."""
+    out = [f"<!-- generated by `python -m vllm_contract.schema`; format version {FORMAT_VERSION} -->"]
+    for name, (doc, sch) in TABLES.items():
+        out += ["", f"### `{name}`", "", doc, "", "| column | type | meaning |", "|---|---|---|"]
+        for f in sch:
+            out.append(f"| `{f.name}` | {f.type}{'' if f.nullable else ' not null'} | "
+                       f"{f.metadata[b'doc'].decode()} |")
+    return "\n".join(out) + "\n"
+
+
+if __name__ == "__main__":
+    print(markdown(), end="")

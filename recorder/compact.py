@@ -1,0 +1,66 @@
+"""Closed stream segments → Parquet (zstd). Each file is written under a temporary name and renamed
+into place before its stream is deleted, so a crash at any point leaves a readable trace (the
+reader prefers a segment's Parquet over its stream)."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+
+import pyarrow.parquet as pq
+
+from vllm_contract import schema
+from vllm_contract.replay.trace import EngineTrace, Trace, read_segment
+
+
+def _writer_alive(manifest: dict) -> bool:
+    if manifest.get("closed_cleanly") or manifest.get("host") != socket.gethostname():
+        return False
+    try:
+        os.kill(int(manifest["pid"]), 0)
+    except (ProcessLookupError, KeyError, TypeError, ValueError):
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def compact_engine(e: EngineTrace, on_file=None) -> dict:
+    live = _writer_alive(e.manifest)
+    stats = {"compacted": 0, "skipped_live": 0, "bytes_before": 0, "bytes_after": 0}
+    for table in schema.TABLE_NAMES:
+        streams = [p for p in e.segments(table) if p.suffix == schema.SEGMENT_SUFFIX]
+        if live and streams:
+            stats["skipped_live"] += 1
+            streams = streams[:-1]  # the writer still appends to the newest one
+        for path in streams:
+            data = read_segment(path, e.warnings)
+            target = path.with_suffix(schema.PARQUET_SUFFIX)
+            stats["bytes_before"] += path.stat().st_size
+            if data is not None:
+                tmp = path.with_name(f".{path.stem}.tmp-{os.getpid()}{schema.PARQUET_SUFFIX}")
+                pq.write_table(data.cast(schema.schema(table)), tmp, compression="zstd")
+                os.replace(tmp, target)
+                stats["bytes_after"] += target.stat().st_size
+            path.unlink()
+            stats["compacted"] += 1
+            if on_file:
+                on_file(path)
+    return stats
+
+
+def compact(trace: Trace, on_file=None) -> dict:
+    total: dict[str, int] = {}
+    for e in trace.engines:
+        for k, v in compact_engine(e, on_file).items():
+            total[k] = total.get(k, 0) + v
+    return total
+
+
+def segment_count(trace: Trace) -> int:
+    return sum(1 for e in trace.engines for t in schema.TABLE_NAMES for p in e.segments(t)
+               if p.suffix == schema.SEGMENT_SUFFIX)
+
+
+

@@ -1,0 +1,170 @@
+"""Snapshots → table rows, column by column, in the writer thread (off the engine's hot path)."""
+
+from __future__ import annotations
+
+import json
+import pickle
+from itertools import repeat
+from typing import Any
+
+import pyarrow as pa
+
+from vllm_contract import schema
+from vllm_contract.plain import dumps, opaque, type_name
+
+
+class Columns:
+    """Column buffers for every table; drained into one record batch per table."""
+
+    def __init__(self, pickle_opaque: bool = False) -> None:
+        self.pickle_opaque = pickle_opaque
+        self.cols = {t: {f.name: [] for f in schema.schema(t)} for t in schema.TABLE_NAMES}
+        self.steps = 0
+
+    def rows(self, table: str) -> int:
+        return len(self.cols[table]["step"])
+
+    def drain(self) -> dict[str, pa.RecordBatch]:
+        out = {}
+        for table, cols in self.cols.items():
+            sch = schema.schema(table)
+            out[table] = pa.RecordBatch.from_arrays(
+                [pa.array(cols[f.name], type=f.type) for f in sch], schema=sch)
+            for v in cols.values():
+                v.clear()
+        self.steps = 0
+        return out
+
+    def _add(self, table: str, **values: Any) -> None:
+        cols = self.cols[table]
+        for name, col in cols.items():
+            col.append(values.get(name))
+
+    def _extra(self, step: int, owner: str, req_id: str | None, extras) -> None:
+        for name, value, plain in extras:
+            blob = None
+            if self.pickle_opaque:
+                try:
+                    blob = pickle.dumps(value)
+                except Exception:
+                    blob = None
+            self._add("extra_fields", step=step, owner=owner, req_id=req_id, field=name,
+                      type_name=type_name(value), size=opaque(value)["size"],
+                      value_json=json.dumps(plain, sort_keys=True, separators=(",", ":")),
+                      pickled=blob)
+
+    def add_schedule(self, step: int, t_ns: int, dur_ns: int, state: tuple, s: dict) -> None:
+        self.steps += 1
+        running, waiting, usage = state
+        new, req_ids = s["new"], s["req_ids"]
+        nst, spec, enc, inv = s["num_scheduled_tokens"], s["spec"], s["encoder"], s["invalid"]
+        flags = s["flags"]
+        self._add("steps", step=step, t_ns=t_ns, schedule_ns=dur_ns,
+                  total_num_scheduled_tokens=s["total"], num_new=len(new),
+                  num_cached=len(req_ids), num_finished=len(s["finished"]),
+                  num_running=running, num_waiting=waiting, kv_usage=usage,
+                  preempted_is_null=s["preempted"] is None, invalid_spec_is_null=inv is None,
+                  cached_new_token_ids_len=len(s["new_token_ids"]),
+                  num_common_prefix_blocks=s["prefix_blocks"],
+                  new_block_ids_to_zero=s["zero_blocks"],
+                  has_structured_output_requests=flags[0],
+                  pending_structured_output_tokens=flags[1], has_sync_kv_loads=flags[2],
+                  num_spec_tokens_to_schedule=flags[3])
+
+        c = self.cols["scheduled"]
+        named = set()
+        for pos, item in enumerate(new):
+            r = item["req"]
+            named.add(r.req_id)
+            self._add("scheduled", step=step, req_id=r.req_id, kind="new", pos=pos,
+                      resumed=False, num_scheduled_tokens=nst.get(r.req_id),
+                      num_computed_tokens=r.num_computed_tokens, new_block_ids=item["block_ids"],
+                      spec_token_ids=spec.get(r.req_id), num_invalid_spec_tokens=(inv or {}).get(r.req_id),
+                      encoder_inputs=enc.get(r.req_id), all_token_ids=s["all_token_ids"].get(r.req_id))
+            self._request(step, pos, r, item)
+
+        # Cached requests arrive column-wise already: extend whole columns (hundreds per step).
+        n = len(req_ids)
+        resumed = s["resumed"]
+        c["step"].extend(repeat(step, n))
+        c["req_id"].extend(req_ids)
+        if resumed:
+            flags_r = [rid in resumed for rid in req_ids]
+            c["kind"].extend("resumed" if f else "cached" for f in flags_r)
+            c["resumed"].extend(flags_r)
+        else:
+            c["kind"].extend(repeat("cached", n))
+            c["resumed"].extend(repeat(False, n))
+        c["pos"].extend(range(n))
+        c["num_scheduled_tokens"].extend(map(nst.get, req_ids))
+        c["num_computed_tokens"].extend(s["num_computed_tokens"])
+        c["num_output_tokens"].extend(s["num_output_tokens"])
+        c["new_block_ids"].extend(s["new_block_ids"])
+        ntok = s["new_token_ids"]
+        c["new_token_ids"].extend(ntok[:n])
+        if len(ntok) < n:
+            c["new_token_ids"].extend(repeat(None, n - len(ntok)))
+        at = s["all_token_ids"]
+        c["all_token_ids"].extend(map(at.get, req_ids) if at else repeat(None, n))
+        c["spec_token_ids"].extend(map(spec.get, req_ids) if spec else repeat(None, n))
+        c["num_invalid_spec_tokens"].extend(map(inv.get, req_ids) if inv else repeat(None, n))
+        c["encoder_inputs"].extend(map(enc.get, req_ids) if enc else repeat(None, n))
+
+        # Ids named only by a per-request dict or set: exactly what a broken scheduler produces.
+        named.update(req_ids)
+        others = set(nst).union(spec, enc, inv or (), at, resumed) - named
+        for rid in sorted(others):
+            self._add("scheduled", step=step, req_id=rid, kind=None, pos=None,
+                      resumed=rid in resumed, num_scheduled_tokens=nst.get(rid),
+                      spec_token_ids=spec.get(rid), encoder_inputs=enc.get(rid),
+                      num_invalid_spec_tokens=(inv or {}).get(rid), all_token_ids=at.get(rid))
+        if len(ntok) > n:  # only a broken scheduler sends more token lists than requests
+            self._extra(step, "CachedRequestData", None,
+                        [("new_token_ids", ntok, ntok)])
+
+        for rid in s["finished"]:
+            self._add("finished", step=step, req_id=rid)
+        for rid in s["preempted"] or ():
+            self._add("preempted", step=step, req_id=rid)
+        for pos, h in enumerate(s["freed_mm"]):
+            self._add("freed_mm", step=step, pos=pos, mm_hash=h)
+        self._extra(step, "SchedulerOutput", None, s["extra"])
+        self._extra(step, "CachedRequestData", None, s["cached_extra"])
+
+    def _request(self, step: int, pos: int, r: Any, item: dict) -> None:
+        embeds = getattr(r, "prompt_embeds", None)
+        prompt = r.prompt_token_ids
+        self._add("requests", step=step, req_id=r.req_id, pos=pos,
+                  prompt_token_ids=prompt,
+                  prompt_len=len(prompt) if prompt is not None else (
+                      int(embeds.shape[0]) if embeds is not None else 0),
+                  sampling_params=dumps(r.sampling_params), pooling_params=dumps(r.pooling_params),
+                  lora_request=dumps(r.lora_request),
+                  mm_features=dumps(r.mm_features) if r.mm_features else None,
+                  prompt_embeds=dumps(embeds),
+                  prompt_is_token_ids=getattr(r, "prompt_is_token_ids", None),
+                  prefill_token_ids=getattr(r, "prefill_token_ids", None),
+                  replay_start=getattr(r, "replay_start", None))
+        self._extra(step, "NewRequestData", r.req_id, item["extra"])
+
+    def add_update(self, step: int, t_ns: int, dur_ns: int, m: dict, finishes: list) -> None:
+        req_ids = m["req_ids"]
+        self._add("updates", step=step, t_ns=t_ns, update_ns=dur_ns, num_outputs=len(req_ids))
+        c = self.cols["model_outputs"]
+        n = len(req_ids)
+        c["step"].extend(repeat(step, n))
+        c["req_id"].extend(req_ids)
+        c["pos"].extend(range(n))
+        c["sampled_token_ids"].extend(m["sampled"][:n])
+        if len(m["sampled"]) < n:
+            c["sampled_token_ids"].extend(repeat(None, n - len(m["sampled"])))
+        nans = m["nans"]
+        c["num_nans_in_logits"].extend(map(nans.get, req_ids) if nans else repeat(None, n))
+        self._extra(step, "ModelRunnerOutput", None, m["extra"])
+        self.add_finishes(step, t_ns, "update_from_output", finishes)
+
+    def add_finishes(self, step: int, t_ns: int, source: str, finishes: list) -> None:
+        for rid, reason in finishes:
+            self._add("finish_events", step=step, req_id=rid, reason=reason, source=source,
+                      t_ns=t_ns)
+

@@ -1,0 +1,156 @@
+"""Drive the real vLLM Scheduler with no model, as vLLM's own unit tests do: schedule() → a
+fabricated ModelRunnerOutput → update_from_output(), deterministically.
+
+Fabricated parts, and only these: the sampled token ids (a function of request id and position),
+draft tokens fed back through the scheduler's own update_draft_token_ids(), and how many drafts
+are accepted. Everything the scheduler does with them is vLLM's real code.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass, field
+from typing import Any
+
+VOCAB = 512
+
+
+@dataclass
+class HarnessConfig:
+    num_blocks: int = 512
+    block_size: int = 16
+    max_num_batched_tokens: int = 256
+    max_num_seqs: int = 64
+    max_model_len: int = 512
+    enable_prefix_caching: bool = True
+    num_spec_tokens: int = 0
+    structured_output: bool = False  # needs the model's tokenizer
+
+
+def token_for(req_id: str, position: int) -> int:
+    """The fabricated model: a fixed token per (request, position), never EOS (id 2)."""
+    return 3 + zlib.crc32(f"{req_id}:{position}".encode()) % (VOCAB - 3)
+
+
+@dataclass
+class StepResult:
+    scheduler_output: Any
+    model_output: Any
+    engine_outputs: dict
+    finished: list[str] = field(default_factory=list)
+
+
+class Harness:
+    def __init__(self, model_dir: str, config: HarnessConfig | None = None) -> None:
+        import torch
+        from vllm.engine.arg_utils import EngineArgs
+        from vllm.utils.hashing import get_hash_fn_by_name
+        from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+        from vllm.v1.core.sched.scheduler import Scheduler
+        from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig,
+                                                KVCacheGroupSpec)
+        from vllm.v1.structured_output import StructuredOutputManager
+
+        self.config = c = config or HarnessConfig()
+        spec = None
+        if c.num_spec_tokens:
+            spec = {"method": "ngram", "num_speculative_tokens": c.num_spec_tokens,
+                    "prompt_lookup_max": 2, "prompt_lookup_min": 1}
+        args = EngineArgs(model=str(model_dir), skip_tokenizer_init=not c.structured_output,
+                          max_model_len=c.max_model_len, block_size=c.block_size,
+                          enable_prefix_caching=c.enable_prefix_caching,
+                          max_num_batched_tokens=c.max_num_batched_tokens,
+                          max_num_seqs=c.max_num_seqs, enable_chunked_prefill=True,
+                          dtype="bfloat16", seed=0, speculative_config=spec,
+                          enforce_eager=True)
+        self.vllm_config = vc = args.create_engine_config()
+        vc.cache_config.num_gpu_blocks = c.num_blocks
+        kv_config = KVCacheConfig(
+            num_blocks=c.num_blocks, kv_cache_tensors=[],
+            kv_cache_groups=[KVCacheGroupSpec(["layer"], FullAttentionSpec(
+                block_size=c.block_size, num_kv_heads=2, head_size=32, dtype=torch.bfloat16))])
+        self.scheduler = Scheduler(vllm_config=vc, kv_cache_config=kv_config,
+                                   structured_output_manager=StructuredOutputManager(vc),
+                                   block_size=c.block_size, log_stats=False)
+        self.block_hasher = None
+        if c.enable_prefix_caching:
+            hash_fn = get_hash_fn_by_name(vc.cache_config.prefix_caching_hash_algo)
+            init_none_hash(hash_fn)
+            self.block_hasher = get_request_block_hasher(c.block_size, hash_fn)
+        self.steps = 0
+        self.outputs: dict[str, list[int]] = {}  # req_id -> tokens the engine emitted
+        self.model_outputs: list[tuple[list[str], list[list[int]]]] = []  # what we fed, per step
+        self._drafts_accepted = 0
+
+    # -- requests ------------------------------------------------------------------------------
+    def add(self, req_id: str, prompt: list[int], max_tokens: int = 8, **sampling: Any) -> Any:
+        from vllm import SamplingParams
+        from vllm.v1.request import Request
+
+        params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0.0,
+                                **sampling)
+        params.update_from_generation_config({}, None)
+        req = Request(request_id=req_id, prompt_token_ids=list(prompt), sampling_params=params,
+                      pooling_params=None, block_hasher=self.block_hasher)
+        self.scheduler.add_request(req)
+        self.outputs[req_id] = []
+        return req
+
+    def abort(self, *req_ids: str) -> None:
+        from vllm.v1.request import RequestStatus
+
+        self.scheduler.finish_requests(list(req_ids), RequestStatus.FINISHED_ABORTED)
+
+    @property
+    def busy(self) -> bool:
+        return self.scheduler.get_num_unfinished_requests() > 0 or self.scheduler.has_finished_requests()
+
+    # -- steps ---------------------------------------------------------------------------------
+    def step(self) -> StepResult:
+        from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
+
+        sched = self.scheduler
+        so = sched.schedule()
+        req_ids, sampled = [], []
+        for rid in so.num_scheduled_tokens:
+            req = sched.requests.get(rid)
+            if req is None:
+                continue
+            req_ids.append(rid)
+            if req.num_computed_tokens < req.num_tokens:  # a partial prefill chunk
+                sampled.append([])
+                continue
+            drafts = so.scheduled_spec_decode_tokens.get(rid, [])
+            # Accept a deterministic prefix of the real drafts, then one fresh token.
+            accept = zlib.crc32(f"{rid}:{req.num_tokens}".encode()) % (len(drafts) + 1)
+            toks = [t for t in drafts[:accept] if t >= 0]
+            pos = req.num_tokens + len(toks)
+            sampled.append(toks + [token_for(rid, pos)])
+        mro = ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
+                                sampled_token_ids=sampled)
+        self.model_outputs.append((list(req_ids), [list(t) for t in sampled]))
+        outs = sched.update_from_output(so, mro)
+        finished = []
+        for eco in outs.values():
+            for o in eco.outputs:
+                self.outputs.setdefault(o.request_id, []).extend(o.new_token_ids)
+                if o.finish_reason is not None:
+                    finished.append(o.request_id)
+        if self.config.num_spec_tokens:
+            k = self.config.num_spec_tokens
+            live = [r for r in req_ids if r in sched.requests and not sched.requests[r].is_finished()]
+            drafts = [[token_for(r, 10_000 + self.steps + i) for i in range(k)] for r in live]
+            sched.update_draft_token_ids(DraftTokenIds(live, drafts))
+        self.steps += 1
+        return StepResult(so, mro, outs, finished)
+
+    def run(self, max_steps: int = 100_000, on_step=None) -> int:
+        """Step until nothing is left to do (including the last zero-token step that delivers
+        finished ids); returns the number of steps."""
+        n = 0
+        while self.busy and n < max_steps:
+            result = self.step()
+            if on_step is not None:
+                on_step(self, result)
+            n += 1
+        return n

