@@ -24,3 +24,13 @@ def tiny_model() -> str:
     from vllm_contract.rig import tiny_model as tm
 
     return str(tm.build())
+
+
+@pytest.fixture(scope="session")
+def cpu_llm(tiny_model):
+    """A real vLLM engine on the CPU, in-process, with a KV cache of 8 blocks (128 tokens each)
+    and a 128-token budget: enough for chunked prefill and preemption in small workloads."""
+    from vllm_contract.rig.demo import DEMO_ENGINE
+    from vllm_contract.rig.engine import make_llm
+
+    return make_llm(tiny_model, **DEMO_ENGINE)

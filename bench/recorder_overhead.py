@@ -1,0 +1,131 @@
+"""Recorder overhead on the real vLLM Scheduler (driven by the harness, no model).
+
+1. Steps per second with recording on ÷ off, at 256 and 1024 running decode requests. Blocks of
+   steps alternate off/on in one process (these machines are noisy), and an "on" block includes
+   closing the recorder, so the writer's work is paid inside the measurement. Target ≥ 0.97.
+2. Bytes on disk per (step, request) row after compaction, against pickle.dumps of the same
+   SchedulerOutputs. Target ≥ 10× smaller.
+
+Usage: python bench/recorder_overhead.py [--reqs 256 1024] [--blocks 8] [--block-steps 50]
+Prints a markdown table; paste it into bench/RESULTS.md with the date and machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pickle
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+
+from vllm_contract import schema  # noqa: E402
+from vllm_contract.recorder import attach  # noqa: E402
+from vllm_contract.recorder.compact import compact  # noqa: E402
+from vllm_contract.replay.trace import open_trace  # noqa: E402
+from vllm_contract.rig import tiny_model  # noqa: E402
+from vllm_contract.rig.harness import Harness, HarnessConfig  # noqa: E402
+from vllm_contract.rig.scenarios import prompt  # noqa: E402
+
+
+SCHEDULER_OUTPUT_TABLES = ("steps", "scheduled", "requests", "finished", "preempted", "freed_mm",
+                           "extra_fields")
+
+
+def decode_harness(model: str, n: int) -> Harness:
+    h = Harness(model, HarnessConfig(num_blocks=n * 40, max_num_batched_tokens=max(2048, n * 8),
+                                     max_num_seqs=n, enable_prefix_caching=False))
+    for i in range(n):
+        h.add(f"r{i}", prompt(i, 8), max_tokens=500)
+    while any(r.num_computed_tokens < r.num_prompt_tokens for r in h.scheduler.requests.values()):
+        h.step()
+    for _ in range(5):  # settle into pure decode
+        h.step()
+    return h
+
+
+def overhead(model: str, n: int, blocks: int, block_steps: int, tmp: Path) -> dict:
+    h = decode_harness(model, n)
+    times = {"off": [], "on": []}
+    for b in range(blocks * 2):
+        mode = "off" if b % 2 == 0 else "on"
+        t0 = time.perf_counter()
+        if mode == "on":
+            rec = attach(h.scheduler, tmp / f"b{b}")
+        for _ in range(block_steps):
+            h.step()
+        if mode == "on":
+            rec.close()
+        times[mode].append(time.perf_counter() - t0)
+    off, on = statistics.median(times["off"]), statistics.median(times["on"])
+    return {"reqs": n, "steps_per_s_off": block_steps / off, "steps_per_s_on": block_steps / on,
+            "ratio": off / on}
+
+
+def size(model: str, n: int, steps: int, tmp: Path) -> dict:
+    h = decode_harness(model, n)
+    pickled = 0
+    original = h.scheduler.schedule
+
+    def schedule(*a, **kw):
+        nonlocal pickled
+        out = original(*a, **kw)
+        pickled += len(pickle.dumps(out))
+        return out
+
+    h.scheduler.schedule = schedule
+    out = tmp / "size"
+    with attach(h.scheduler, out):
+        for _ in range(steps):
+            h.step()
+    trace = open_trace(out)
+    compact(trace)
+    rows = trace.read("scheduled").num_rows
+    # pickle holds the SchedulerOutputs only: compare with the tables that hold them, and show
+    # the model outputs and update/finish tables (which pickle does not have) beside it.
+    per_table = {t: sum(p.stat().st_size for p in (out / e.name / t).glob("*.parquet"))
+                 for e in trace.engines for t in schema.TABLE_NAMES}
+    so_bytes = sum(per_table[t] for t in SCHEDULER_OUTPUT_TABLES)
+    return {"reqs": n, "steps": steps, "rows": rows, "trace_bytes_per_row": so_bytes / rows,
+            "all_bytes_per_row": sum(per_table.values()) / rows,
+            "pickle_bytes_per_row": pickled / rows, "ratio": pickled / so_bytes}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--reqs", type=int, nargs="+", default=[256, 1024])
+    ap.add_argument("--blocks", type=int, default=8)
+    ap.add_argument("--block-steps", type=int, default=50)
+    ap.add_argument("--size-steps", type=int, default=400)
+    args = ap.parse_args()
+    model = str(tiny_model.build())
+    tmp = Path(tempfile.mkdtemp(prefix="vllm-contract-bench-"))
+    try:
+        print(f"# recorder overhead, {time.strftime('%Y-%m-%d')}, {platform.node()}, "
+              f"{os.cpu_count()} cores, Python {platform.python_version()}", flush=True)
+        print("\n| running reqs | steps/s off | steps/s on | on ÷ off (target ≥ 0.97) |")
+        print("|---|---|---|---|")
+        for n in args.reqs:
+            r = overhead(model, n, args.blocks, args.block_steps, tmp)
+            print(f"| {n} | {r['steps_per_s_off']:.1f} | {r['steps_per_s_on']:.1f} | "
+                  f"{r['ratio']:.3f} |", flush=True)
+        print("\n| running reqs | steps | rows | SchedulerOutput tables B/row | all tables B/row "
+              "| pickle B/row | pickle ÷ trace (target ≥ 10) |")
+        print("|---|---|---|---|---|---|---|")
+        for n in args.reqs:
+            r = size(model, n, args.size_steps, tmp)
+            print(f"| {n} | {r['steps']} | {r['rows']} | {r['trace_bytes_per_row']:.2f} | "
+                  f"{r['all_bytes_per_row']:.2f} | {r['pickle_bytes_per_row']:.2f} | "
+                  f"{r['ratio']:.1f} |", flush=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
