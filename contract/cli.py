@@ -99,9 +99,11 @@ def compact(trace: Annotated[Path, typer.Argument(help="Trace directory.")]) -> 
             done[0] += 1
             typer.echo(f"\rcompacting {done[0]}/{total}", err=True, nl=False)
 
-        stats = do_compact(t, progress)
-        if done[0]:
-            typer.echo("", err=True)
+        try:
+            stats = do_compact(t, progress)
+        finally:
+            if done[0]:  # end the progress line, so that an error starts its own
+                typer.echo("", err=True)
     except TraceError as e:
         _fail(e)
     for w in t.warnings:

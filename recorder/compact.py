@@ -30,6 +30,9 @@ def compact_engine(e: EngineTrace, on_file=None) -> dict:
     live = _writer_alive(e.manifest)
     stats = {"compacted": 0, "skipped_live": 0, "bytes_before": 0, "bytes_after": 0}
     for table in schema.TABLE_NAMES:
+        for path in (e.dir / table).glob(f"*{schema.SEGMENT_SUFFIX}"):
+            if path.with_suffix(schema.PARQUET_SUFFIX).exists():  # a crash mid-compaction
+                path.unlink()
         streams = [p for p in e.segments(table) if p.suffix == schema.SEGMENT_SUFFIX]
         if live and streams:
             stats["skipped_live"] += 1

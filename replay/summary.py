@@ -10,9 +10,9 @@ from vllm_contract.replay.trace import Trace
 
 def engine_summary(e) -> dict:
     m = e.manifest
-    steps = e.read("steps")
-    counts = {t: e.read(t).num_rows for t in schema.TABLE_NAMES}
-    reqs = e.read("requests")
+    tables = {t: e.read(t) for t in schema.TABLE_NAMES}
+    steps, reqs = tables["steps"], tables["requests"]
+    counts = {t: v.num_rows for t, v in tables.items()}
     integrity = []
     if not m.get("closed_cleanly"):
         integrity.append("not closed cleanly (recorder still running, or the process died)")

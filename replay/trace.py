@@ -44,7 +44,9 @@ class EngineTrace:
         return [by_seq[k] for k in sorted(by_seq)]
 
     def read(self, table: str) -> pa.Table:
-        parts = [read_segment(p, self.warnings) for p in self.segments(table)]
+        found: list[str] = []
+        parts = [read_segment(p, found) for p in self.segments(table)]
+        self.warnings.extend(w for w in found if w not in self.warnings)  # reads repeat
         parts = [p.cast(schema.schema(table)) if p.schema != schema.schema(table) else p
                  for p in parts if p is not None]
         if not parts:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 VOCAB = 512
+EOS_TOKEN_ID = 2  # the tiny tokenizer's </s>
 
 
 @dataclass
@@ -25,6 +26,9 @@ class HarnessConfig:
     enable_prefix_caching: bool = True
     num_spec_tokens: int = 0
     structured_output: bool = False  # needs the model's tokenizer
+    # LOOK-ALIKE, not vLLM: stamp encoder inputs onto real SchedulerOutputs (see
+    # docs/scenarios.md for why the CPU build cannot schedule a multimodal model here).
+    encoder_lookalike: bool = False
 
 
 def token_for(req_id: str, position: int) -> int:
@@ -77,21 +81,41 @@ class Harness:
             hash_fn = get_hash_fn_by_name(vc.cache_config.prefix_caching_hash_algo)
             init_none_hash(hash_fn)
             self.block_hasher = get_request_block_hasher(c.block_size, hash_fn)
+        if c.encoder_lookalike:
+            self._mm_live: dict[str, str] = {}
+            real_schedule = self.scheduler.schedule
+            self.scheduler.schedule = lambda *a, **kw: self._stamp_encoder(real_schedule(*a, **kw))
         self.steps = 0
         self.outputs: dict[str, list[int]] = {}  # req_id -> tokens the engine emitted
         self.model_outputs: list[tuple[list[str], list[list[int]]]] = []  # what we fed, per step
         self._drafts_accepted = 0
 
     # -- requests ------------------------------------------------------------------------------
-    def add(self, req_id: str, prompt: list[int], max_tokens: int = 8, **sampling: Any) -> Any:
+    def add(self, req_id: str, prompt: list[int], max_tokens: int = 8,
+            choice: list[str] | None = None, **sampling: Any) -> Any:
+        """Queue a request. `choice` makes it a structured-output request (the harness must
+        have been built with structured_output=True, which loads the model's tokenizer)."""
         from vllm import SamplingParams
+        from vllm.sampling_params import StructuredOutputsParams
         from vllm.v1.request import Request
 
-        params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0.0,
-                                **sampling)
-        params.update_from_generation_config({}, None)
+        if choice is not None:
+            # vLLM's input processor turns `choice` into a grammar; a regex is what it accepts raw.
+            structured = StructuredOutputsParams(regex="(" + "|".join(choice) + ")")
+            structured._backend = "xgrammar"  # what vLLM's input processor would pick
+            sampling["structured_outputs"] = structured
+            sampling["ignore_eos"] = False
+        params = SamplingParams(max_tokens=max_tokens, temperature=0.0,
+                                **{"ignore_eos": True, **sampling})
+        params.update_from_generation_config({}, EOS_TOKEN_ID)
         req = Request(request_id=req_id, prompt_token_ids=list(prompt), sampling_params=params,
                       pooling_params=None, block_hasher=self.block_hasher)
+        if req.use_structured_output:
+            self.scheduler.structured_output_manager.grammar_init(req)
+            # Compilation runs in a thread pool; waiting here keeps scenarios deterministic.
+            future = req.structured_output_request._grammar
+            if hasattr(future, "result"):
+                future.result(timeout=60)
         self.scheduler.add_request(req)
         self.outputs[req_id] = []
         return req
@@ -111,6 +135,7 @@ class Harness:
 
         sched = self.scheduler
         so = sched.schedule()
+        allowed = self._grammar_choices(so)
         req_ids, sampled = [], []
         for rid in so.num_scheduled_tokens:
             req = sched.requests.get(rid)
@@ -125,7 +150,7 @@ class Harness:
             accept = zlib.crc32(f"{rid}:{req.num_tokens}".encode()) % (len(drafts) + 1)
             toks = [t for t in drafts[:accept] if t >= 0]
             pos = req.num_tokens + len(toks)
-            sampled.append(toks + [token_for(rid, pos)])
+            sampled.append(toks + [allowed.get(rid, token_for(rid, pos))])
         mro = ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
                                 sampled_token_ids=sampled)
         self.model_outputs.append((list(req_ids), [list(t) for t in sampled]))
@@ -143,6 +168,36 @@ class Harness:
             sched.update_draft_token_ids(DraftTokenIds(live, drafts))
         self.steps += 1
         return StepResult(so, mro, outs, finished)
+
+    def _stamp_encoder(self, so: Any) -> Any:
+        """LOOK-ALIKE: one image per new request (real MultiModalFeatureSpec objects), its
+        encoder input scheduled with the request's first chunk, its hash freed in the step that
+        delivers the request's finish. Everything else in `so` is the real scheduler's."""
+        from vllm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange
+
+        for r in so.scheduled_new_reqs:
+            mm_hash = f"img-{r.req_id}-{self.steps}"
+            r.mm_features = [MultiModalFeatureSpec(
+                data=None, modality="image", identifier=mm_hash, mm_hash=mm_hash,
+                mm_position=PlaceholderRange(offset=2, length=8))]
+            so.scheduled_encoder_inputs[r.req_id] = [0]
+            self._mm_live[r.req_id] = mm_hash
+        for rid in sorted(so.finished_req_ids):
+            if rid in self._mm_live:
+                so.free_encoder_mm_hashes.append(self._mm_live.pop(rid))
+        return so
+
+    def _grammar_choices(self, so: Any) -> dict[str, int]:
+        """For structured-output requests, the lowest token id the real grammar allows."""
+        grammar = self.scheduler.get_grammar_bitmask(so)
+        if grammar is None:
+            return {}
+        import numpy as np
+
+        bits = np.unpackbits(np.asarray(grammar.grammar_bitmask).view(np.uint8), axis=-1,
+                             bitorder="little")
+        return {rid: int(np.flatnonzero(bits[i])[0])
+                for i, rid in enumerate(grammar.structured_output_request_ids)}
 
     def run(self, max_steps: int = 100_000, on_step=None) -> int:
         """Step until nothing is left to do (including the last zero-token step that delivers

@@ -80,6 +80,19 @@ def _spec_decode(h: Harness) -> None:
     h.run()
 
 
+def _structured_output(h: Harness) -> None:
+    h.add("so-yes-no", prompt(1, 20), max_tokens=10, choice=["yes", "no"])
+    h.add("so-maybe", prompt(2, 20), max_tokens=10, choice=["maybe", "never"])
+    h.add("plain", prompt(3, 20), max_tokens=6)
+    h.run()
+
+
+def _encoder_lookalike(h: Harness) -> None:
+    for i in range(3):
+        h.add(f"img-req-{i}", prompt(i, 40 + 30 * i), max_tokens=5)
+    h.run()
+
+
 def _mixed(h: Harness) -> None:
     shared = prompt(42, 48)
     for i in range(8):
@@ -122,8 +135,15 @@ SCENARIOS = {s.name: s for s in [
              HarnessConfig(), _id_reuse),
     Scenario("spec_decode", "Two fabricated draft tokens per step through update_draft_token_ids, "
              "partly accepted.", HarnessConfig(num_spec_tokens=2), _spec_decode),
+    Scenario("structured_output", "Two requests constrained by a real xgrammar grammar (the tiny "
+             "tokenizer), one plain; tokens chosen from the real bitmask.",
+             HarnessConfig(structured_output=True), _structured_output),
+    Scenario("encoder_lookalike", "LOOK-ALIKE: real steps with fabricated image encoder inputs "
+             "and freed mm hashes stamped on (the CPU build cannot schedule a multimodal model "
+             "here).", HarnessConfig(encoder_lookalike=True, max_num_batched_tokens=64),
+             _encoder_lookalike),
     Scenario("mixed", "Chunked prefill, prefix hits, preemption, aborts and id reuse together.",
-             HarnessConfig(num_blocks=40, max_num_batched_tokens=96), _mixed),
+             HarnessConfig(num_blocks=26, max_num_batched_tokens=96), _mixed),
     Scenario("long_run", "1024 running decode requests for 10k steps, each finished request "
              "replaced (VLLM_CONTRACT_LONG_REQS / _STEPS to size it).",
              HarnessConfig(num_blocks=32768, max_num_batched_tokens=8192, max_num_seqs=1024,
