@@ -1,0 +1,38 @@
+"""Regenerate samples/: small real traces recorded by the rig, compacted to Parquet.
+
+Run with `make samples`. Each sample is one harness scenario (docs/scenarios.md) played on the
+real vLLM Scheduler; see samples/README.md for what each holds.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+from vllm_contract.recorder.compact import compact
+from vllm_contract.replay.trace import open_trace
+from vllm_contract.rig import scenarios, tiny_model
+
+HERE = Path(__file__).resolve().parent
+SAMPLES = {  # sample directory -> scenario
+    "mixed": "mixed",
+    "spec-decode": "spec_decode",
+    "encoder-lookalike": "encoder_lookalike",
+    "structured-output": "structured_output",
+}
+
+
+def main() -> None:
+    model = str(tiny_model.build())
+    for sample, scenario in SAMPLES.items():
+        out = HERE / sample
+        shutil.rmtree(out, ignore_errors=True)
+        scenarios.run(scenario, model, out)
+        compact(open_trace(out))
+        size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
+        print(f"samples/{sample}: scenario {scenario}, {size} bytes", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,35 @@
+"""The committed samples stay readable by this version and hold what samples/README.md says."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from vllm_contract.cli import app
+from vllm_contract.replay.trace import open_trace
+
+SAMPLES = Path(__file__).resolve().parents[1] / "samples"
+
+
+@pytest.mark.parametrize("name", ["mixed", "spec-decode", "encoder-lookalike", "structured-output"])
+def test_sample_opens_cleanly(name):
+    result = CliRunner().invoke(app, ["info", str(SAMPLES / name)])
+    assert result.exit_code == 0, result.stderr
+    assert "integrity     OK" in result.stdout
+    t = open_trace(SAMPLES / name)
+    assert t.warnings == []
+    assert not list((SAMPLES / name).rglob("*.arrows")), "samples are committed compacted"
+
+
+def test_mixed_sample_has_preemption_and_aborts():
+    t = open_trace(SAMPLES / "mixed")
+    assert t.read("preempted").num_rows > 0
+    reasons = t.read("finish_events")["reason"].to_pylist()
+    assert "FINISHED_ABORTED" in reasons and "LENGTH" in reasons
+
+
+def test_spec_sample_has_drafts():
+    assert any(t for t in open_trace(SAMPLES / "spec-decode").read("scheduled")["spec_token_ids"]
+               .to_pylist())
