@@ -39,6 +39,7 @@ class Recorder:
         self.step = 0
         self._inflight: dict[int, tuple[int, Any]] = {}
         self._closed = False
+        self.paused = False
         manifest = {
             "vllm_version": _vllm_version(),
             "engine": engine_settings(scheduler),
@@ -61,7 +62,18 @@ class Recorder:
 
     @property
     def active(self) -> bool:
-        return not self._closed and not self.writer.failed
+        return not (self.paused or self._closed or self.writer.failed)
+
+    def pause(self) -> None:
+        """Stop recording at the next step boundary; the trace records the gap."""
+        self.paused = True
+
+    def resume(self) -> None:
+        self.paused = False
+
+    def flush(self, timeout: float = 30.0) -> bool:
+        """Block until everything submitted so far is on disk; False on timeout or failure."""
+        return self.writer.flush(timeout)
 
     def _disable(self, e: BaseException) -> None:
         log.error("vllm-contract: recording disabled: %s: %s", type(e).__name__, e)

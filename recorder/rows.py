@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 import pickle
-from itertools import repeat
 from typing import Any
 
 import pyarrow as pa
 
 from vllm_contract import schema
 from vllm_contract.plain import dumps, opaque, type_name
+from vllm_contract.recorder.columns import Column, FlatListColumn
 
 
 class Columns:
@@ -18,7 +18,10 @@ class Columns:
 
     def __init__(self, pickle_opaque: bool = False) -> None:
         self.pickle_opaque = pickle_opaque
-        self.cols = {t: {f.name: [] for f in schema.schema(t)} for t in schema.TABLE_NAMES}
+        self.cols = {t: {f.name: Column(f.type) for f in schema.schema(t)}
+                     for t in schema.TABLE_NAMES}
+        self.cols["model_outputs"]["sampled_token_ids"] = FlatListColumn(
+            schema.schema("model_outputs").field("sampled_token_ids").type)
         self.steps = 0
 
     def rows(self, table: str) -> int:
@@ -28,10 +31,7 @@ class Columns:
         out = {}
         for table, cols in self.cols.items():
             sch = schema.schema(table)
-            out[table] = pa.RecordBatch.from_arrays(
-                [pa.array(cols[f.name], type=f.type) for f in sch], schema=sch)
-            for v in cols.values():
-                v.clear()
+            out[table] = pa.RecordBatch.from_arrays([cols[f.name].drain() for f in sch], schema=sch)
         self.steps = 0
         return out
 
@@ -83,32 +83,40 @@ class Columns:
                       encoder_inputs=enc.get(r.req_id), all_token_ids=s["all_token_ids"].get(r.req_id))
             self._request(step, pos, r, item)
 
-        # Cached requests arrive column-wise already: extend whole columns (hundreds per step).
+        # Cached requests arrive column-wise already: whole columns, and runs for the columns
+        # that are constant in a decode step (see columns.py).
         n = len(req_ids)
         resumed = s["resumed"]
-        c["step"].extend(repeat(step, n))
+        c["step"].repeat(step, n)
         c["req_id"].extend(req_ids)
         if resumed:
             flags_r = [rid in resumed for rid in req_ids]
-            c["kind"].extend("resumed" if f else "cached" for f in flags_r)
+            c["kind"].extend(["resumed" if f else "cached" for f in flags_r])
             c["resumed"].extend(flags_r)
         else:
-            c["kind"].extend(repeat("cached", n))
-            c["resumed"].extend(repeat(False, n))
+            c["kind"].repeat("cached", n)
+            c["resumed"].repeat(False, n)
         c["pos"].extend(range(n))
-        c["num_scheduled_tokens"].extend(map(nst.get, req_ids))
+        c["num_scheduled_tokens"].extend(list(map(nst.get, req_ids)))
         c["num_computed_tokens"].extend(s["num_computed_tokens"])
         c["num_output_tokens"].extend(s["num_output_tokens"])
-        c["new_block_ids"].extend(s["new_block_ids"])
+        nbi = s["new_block_ids"]
+        if any(nbi):
+            c["new_block_ids"].extend(nbi)
+        else:
+            c["new_block_ids"].repeat(None, n)
         ntok = s["new_token_ids"]
-        c["new_token_ids"].extend(ntok[:n])
-        if len(ntok) < n:
-            c["new_token_ids"].extend(repeat(None, n - len(ntok)))
+        if ntok:
+            c["new_token_ids"].extend(ntok[:n] + [None] * (n - len(ntok[:n])))
+        else:
+            c["new_token_ids"].repeat(None, n)
         at = s["all_token_ids"]
-        c["all_token_ids"].extend(map(at.get, req_ids) if at else repeat(None, n))
-        c["spec_token_ids"].extend(map(spec.get, req_ids) if spec else repeat(None, n))
-        c["num_invalid_spec_tokens"].extend(map(inv.get, req_ids) if inv else repeat(None, n))
-        c["encoder_inputs"].extend(map(enc.get, req_ids) if enc else repeat(None, n))
+        for name, d in (("all_token_ids", at), ("spec_token_ids", spec),
+                        ("num_invalid_spec_tokens", inv), ("encoder_inputs", enc)):
+            if d:
+                c[name].extend(list(map(d.get, req_ids)))
+            else:
+                c[name].repeat(None, n)
 
         # Ids named only by a per-request dict or set: exactly what a broken scheduler produces.
         named.update(req_ids)
@@ -152,14 +160,23 @@ class Columns:
         self._add("updates", step=step, t_ns=t_ns, update_ns=dur_ns, num_outputs=len(req_ids))
         c = self.cols["model_outputs"]
         n = len(req_ids)
-        c["step"].extend(repeat(step, n))
+        c["step"].repeat(step, n)
         c["req_id"].extend(req_ids)
         c["pos"].extend(range(n))
-        c["sampled_token_ids"].extend(m["sampled"][:n])
-        if len(m["sampled"]) < n:
-            c["sampled_token_ids"].extend(repeat(None, n - len(m["sampled"])))
+        values, lengths = m["sampled"]
+        if len(lengths) == n:
+            c["sampled_token_ids"].extend_flat(values, lengths)
+        else:  # a broken model output: row by row, keeping what is there
+            it = iter(values)
+            for row in [[next(it) for _ in range(k)] for k in lengths][:n]:
+                c["sampled_token_ids"].append(row)
+            for _ in range(n - len(lengths)):
+                c["sampled_token_ids"].append(None)
         nans = m["nans"]
-        c["num_nans_in_logits"].extend(map(nans.get, req_ids) if nans else repeat(None, n))
+        if nans:
+            c["num_nans_in_logits"].extend(list(map(nans.get, req_ids)))
+        else:
+            c["num_nans_in_logits"].repeat(None, n)
         self._extra(step, "ModelRunnerOutput", None, m["extra"])
         self.add_finishes(step, t_ns, "update_from_output", finishes)
 

@@ -10,6 +10,7 @@ and never touches again are kept by reference. Conversion to Arrow happens in th
 from __future__ import annotations
 
 import dataclasses
+from itertools import chain
 from typing import Any
 
 from vllm_contract.plain import to_plain
@@ -132,10 +133,15 @@ def scheduler_output(so: Any, fields: Fields) -> dict:
 
 
 def model_output(mro: Any, fields: Fields) -> dict:
-    # Taken before update_from_output() runs: it may trim sampled token lists at a stop token.
+    # Taken before update_from_output() runs: it trims (del lst[n:]) a sampled list that runs past
+    # a stop (spec decode).
+    # Flattened here (one list of ints, one of lengths): keeping the step's per-request lists
+    # alive until the writer runs would promote them into the GC's older generations, and full
+    # collections over a busy engine's heap cost more than the whole recorder.
+    sampled = mro.sampled_token_ids
     return {
-        "req_ids": list(mro.req_ids),
-        "sampled": list(map(list, mro.sampled_token_ids)),
+        "req_ids": mro.req_ids,
+        "sampled": (list(chain.from_iterable(sampled)), list(map(len, sampled))),
         "nans": dict(mro.num_nans_in_logits) if mro.num_nans_in_logits else None,
         "extra": _extras(mro, fields.extra["ModelRunnerOutput"]),
     }

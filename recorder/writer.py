@@ -1,8 +1,8 @@
 """The background writer: takes snapshots from a queue, turns them into Arrow batches and writes
 segments, flushing every `flush_steps` steps or `flush_seconds`, whichever comes first.
 
-The engine never waits for it: the queue is unbounded in Python terms but the recorder counts what
-is pending and drops (and records the gap) beyond `max_pending` steps. Any exception here disables
+The engine never waits for it: the recorder counts the steps pending and drops (and records the
+gap) beyond `max_pending` steps. Any exception here disables
 recording with one log line and a note in the manifest; it never reaches the engine.
 """
 
@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import logging
 import os
-import queue
 import socket
 import threading
 import time
+from collections import deque
 from pathlib import Path
 
 from vllm_contract import schema
+from vllm_contract.recorder.columns import warm_up
 from vllm_contract.recorder.rows import Columns
 from vllm_contract.recorder.segments import SegmentSet, write_json_atomic
 
@@ -49,58 +50,85 @@ class TraceWriter:
         self.flush_steps = flush_steps
         self.flush_seconds = flush_seconds
         self.max_pending = max_pending
-        self.pending = 0  # steps queued, not yet written; read by the engine thread
         self.failed = False
+        # Each counter has one writing thread, so neither needs a lock: pending = submitted - taken.
+        self.submitted = 0  # engine thread
+        self.taken = 0  # writer thread
         self._dropping_from: int | None = None
         self._last_drop = -1
         self._cols = Columns(pickle_opaque)
-        self._q: queue.SimpleQueue = queue.SimpleQueue()
+        self._items: deque = deque()  # append/popleft are atomic
+        self._wake = threading.Event()
         self._segments = SegmentSet(self.dir, segment_bytes)
+        warm_up()
         self._write_manifest()
         self._thread = threading.Thread(target=self._run, name="vllm-contract-writer", daemon=True)
         self._thread.start()
 
     # -- engine thread -------------------------------------------------------------------------
     def submit(self, kind: str, step: int, *payload) -> None:
+        """Queue a snapshot. The writer is woken once per flush_steps steps, not per step: every
+        wake-up costs the engine a GIL hand-over."""
         if kind == "schedule":
-            if self.pending >= self.max_pending:
-                self._q.put(("drop", step))
+            pending = self.submitted - self.taken
+            if pending >= self.max_pending:
+                self._items.append(("drop", step))
                 return
-            self.pending += 1
-        self._q.put((kind, step, *payload))
+            self.submitted += 1
+            if pending + 1 >= self.flush_steps:
+                self._wake.set()
+        self._items.append((kind, step, *payload))
+
+    def flush(self, timeout: float = 30.0) -> bool:
+        """Block until everything submitted so far is written; False on timeout or failure."""
+        done = threading.Event()
+        self._items.append(("barrier", -1, done))
+        self._wake.set()
+        return done.wait(timeout) and not self.failed
 
     def close(self, timeout: float = 30.0) -> None:
-        self._q.put(_STOP)
+        self._items.append(_STOP)
+        self._wake.set()
         self._thread.join(timeout)
 
     # -- writer thread -------------------------------------------------------------------------
     def _run(self) -> None:
         last_flush = time.monotonic()
         while True:
-            timeout = max(0.0, self.flush_seconds - (time.monotonic() - last_flush))
-            try:
-                item = self._q.get(timeout=timeout)
-            except queue.Empty:
-                item = None
-            if item is _STOP:
-                self._finish()
-                return
-            if self.failed:
-                continue
-            try:
-                if item is not None:
-                    self._take(item)
-                if (self._cols.steps >= self.flush_steps
-                        or time.monotonic() - last_flush >= self.flush_seconds):
+            self._wake.wait(max(0.0, self.flush_seconds - (time.monotonic() - last_flush)))
+            self._wake.clear()
+            barriers = []
+            while self._items:
+                item = self._items.popleft()
+                if item is _STOP:
+                    self._finish()
+                    for done in barriers:
+                        done.set()
+                    return
+                if item[0] == "barrier":
+                    barriers.append(item[2])
+                elif not self.failed:
+                    try:
+                        self._take(item)
+                        if self._cols.steps >= self.flush_steps:  # batches of <= flush_steps
+                            self._flush()
+                            last_flush = time.monotonic()
+                    except Exception as e:  # the engine must never pay for a recorder bug
+                        self._fail(e)
+            if not self.failed and (barriers or self._cols.steps >= self.flush_steps
+                                    or time.monotonic() - last_flush >= self.flush_seconds):
+                try:
                     self._flush()
-                    last_flush = time.monotonic()
-            except Exception as e:  # the engine must never pay for a recorder bug
-                self._fail(e)
+                except Exception as e:
+                    self._fail(e)
+                last_flush = time.monotonic()
+            for done in barriers:
+                done.set()
 
     def _take(self, item: tuple) -> None:
         kind, step = item[0], item[1]
         if kind == "schedule":
-            self.pending -= 1
+            self.taken += 1
             self._end_gap(step)
             self._cols.add_schedule(step, *item[2:])
             self.manifest["steps_recorded"] += 1

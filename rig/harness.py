@@ -29,6 +29,9 @@ class HarnessConfig:
     # LOOK-ALIKE, not vLLM: stamp encoder inputs onto real SchedulerOutputs (see
     # docs/scenarios.md for why the CPU build cannot schedule a multimodal model here).
     encoder_lookalike: bool = False
+    # Keep every fabricated model output (tests compare them with the trace). Benchmarks turn it
+    # off: 1024 lists kept per step make Python's full GC runs frequent and skew timings.
+    keep_model_outputs: bool = True
 
 
 def token_for(req_id: str, position: int) -> int:
@@ -153,7 +156,8 @@ class Harness:
             sampled.append(toks + [allowed.get(rid, token_for(rid, pos))])
         mro = ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
                                 sampled_token_ids=sampled)
-        self.model_outputs.append((list(req_ids), [list(t) for t in sampled]))
+        if self.config.keep_model_outputs:
+            self.model_outputs.append((list(req_ids), [list(t) for t in sampled]))
         outs = sched.update_from_output(so, mro)
         finished = []
         for eco in outs.values():
