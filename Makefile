@@ -4,6 +4,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.vllm-contract-installed
+# The tiny local model is built once into the checkout's .cache/.
+export VLLM_CONTRACT_CACHE ?= $(CURDIR)/.cache
 
 .PHONY: setup test demo bench samples docs clean
 

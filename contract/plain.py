@@ -45,9 +45,17 @@ def is_opaque(plain: Any) -> bool:
     return isinstance(plain, dict) and "__opaque__" in plain
 
 
+def _order(v: Any) -> tuple:
+    """Numbers in numeric order, strings in string order, anything else by its JSON text."""
+    if isinstance(v, bool) or not isinstance(v, (int, float, str)):
+        return (2, json.dumps(v, sort_keys=True))
+    return (0, v, "") if isinstance(v, (int, float)) else (1, v)
+
+
 def to_plain(value: Any, depth: int = 0) -> Any:
-    """Convert to JSON-safe plain data. Sets become sorted lists, tuples lists, enums their name,
-    dataclasses and msgspec structs dicts tagged with "__type__"; anything else opaque."""
+    """Convert to JSON-safe plain data. Sets become sorted lists, tuples lists, enums
+    "Class.NAME", dataclasses and msgspec structs dicts tagged with "__type__"; anything else
+    opaque."""
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     if depth > MAX_DEPTH:
@@ -56,7 +64,7 @@ def to_plain(value: Any, depth: int = 0) -> Any:
     if isinstance(value, (list, tuple)):
         return [to_plain(v, d) for v in value]
     if isinstance(value, (set, frozenset)):
-        return sorted((to_plain(v, d) for v in value), key=repr)
+        return sorted((to_plain(v, d) for v in value), key=_order)
     if isinstance(value, dict):
         return {str(k): to_plain(v, d) for k, v in value.items()}
     if isinstance(value, enum.Enum):

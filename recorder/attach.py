@@ -35,7 +35,7 @@ class Recorder:
 
     def __init__(self, scheduler: Any, trace_dir: str | os.PathLike, **writer_options: Any) -> None:
         self.scheduler = scheduler
-        self.fields = snapshot.Fields()
+        self.fields = snapshot.Fields(pickle_opaque=writer_options.get("pickle_opaque", False))
         self.step = 0
         self._inflight: dict[int, tuple[int, Any]] = {}
         self._closed = False
@@ -92,8 +92,9 @@ class Recorder:
                 state = (len(s.running), len(s.waiting), s.kv_cache_manager.usage)
                 step = self.step
                 self.step += 1
-                self._inflight[id(out)] = (step, out)
-                self.writer.submit("schedule", step, time.time_ns(), t1 - t0, state, snap)
+                # A dropped step (writer behind) keeps no model output either: no orphan rows.
+                if self.writer.submit("schedule", step, time.time_ns(), t1 - t0, state, snap):
+                    self._inflight[id(out)] = (step, out)
             except Exception as e:
                 self._disable(e)
         return out

@@ -11,6 +11,7 @@ import socket
 import pyarrow.parquet as pq
 
 from vllm_contract import schema
+from vllm_contract.recorder.segments import write_json_atomic
 from vllm_contract.replay.trace import EngineTrace, Trace, read_segment
 
 
@@ -27,7 +28,10 @@ def _writer_alive(manifest: dict) -> bool:
 
 
 def compact_engine(e: EngineTrace, on_file=None) -> dict:
+    """Compact one engine's closed segments. A torn segment's warning would vanish with the
+    stream it describes, so it is kept in the manifest (compaction_warnings)."""
     live = _writer_alive(e.manifest)
+    seen = len(e.warnings)
     stats = {"compacted": 0, "skipped_live": 0, "bytes_before": 0, "bytes_after": 0}
     for table in schema.TABLE_NAMES:
         for path in (e.dir / table).glob(f"*{schema.SEGMENT_SUFFIX}"):
@@ -50,6 +54,9 @@ def compact_engine(e: EngineTrace, on_file=None) -> dict:
             stats["compacted"] += 1
             if on_file:
                 on_file(path)
+    if len(e.warnings) > seen:
+        e.manifest.setdefault("compaction_warnings", []).extend(e.warnings[seen:])
+        write_json_atomic(e.dir / schema.MANIFEST, e.manifest)
     return stats
 
 

@@ -3,21 +3,19 @@
 from __future__ import annotations
 
 import json
-import pickle
 from typing import Any
 
 import pyarrow as pa
 
 from vllm_contract import schema
-from vllm_contract.plain import dumps, opaque, type_name
+from vllm_contract.plain import dumps
 from vllm_contract.recorder.columns import Column, FlatListColumn
 
 
 class Columns:
     """Column buffers for every table; drained into one record batch per table."""
 
-    def __init__(self, pickle_opaque: bool = False) -> None:
-        self.pickle_opaque = pickle_opaque
+    def __init__(self) -> None:
         self.cols = {t: {f.name: Column(f.type) for f in schema.schema(t)}
                      for t in schema.TABLE_NAMES}
         self.cols["model_outputs"]["sampled_token_ids"] = FlatListColumn(
@@ -41,15 +39,9 @@ class Columns:
             col.append(values.get(name))
 
     def _extra(self, step: int, owner: str, req_id: str | None, extras) -> None:
-        for name, value, plain in extras:
-            blob = None
-            if self.pickle_opaque:
-                try:
-                    blob = pickle.dumps(value)
-                except Exception:
-                    blob = None
+        for name, tname, size, plain, blob in extras:
             self._add("extra_fields", step=step, owner=owner, req_id=req_id, field=name,
-                      type_name=type_name(value), size=opaque(value)["size"],
+                      type_name=tname, size=size,
                       value_json=json.dumps(plain, sort_keys=True, separators=(",", ":")),
                       pickled=blob)
 
@@ -128,7 +120,7 @@ class Columns:
                       num_invalid_spec_tokens=(inv or {}).get(rid), all_token_ids=at.get(rid))
         if len(ntok) > n:  # only a broken scheduler sends more token lists than requests
             self._extra(step, "CachedRequestData", None,
-                        [("new_token_ids", ntok, ntok)])
+                        [("new_token_ids", "builtins.list", 0, ntok, None)])
 
         for rid in s["finished"]:
             self._add("finished", step=step, req_id=rid)
@@ -146,9 +138,10 @@ class Columns:
                   prompt_token_ids=prompt,
                   prompt_len=len(prompt) if prompt is not None else (
                       int(embeds.shape[0]) if embeds is not None else 0),
-                  sampling_params=dumps(r.sampling_params), pooling_params=dumps(r.pooling_params),
-                  lora_request=dumps(r.lora_request),
-                  mm_features=dumps(r.mm_features) if r.mm_features else None,
+                  sampling_params=dumps(r.sampling_params),
+                  pooling_params=dumps(getattr(r, "pooling_params", None)),
+                  lora_request=dumps(getattr(r, "lora_request", None)),
+                  mm_features=dumps(getattr(r, "mm_features", None) or None),
                   prompt_embeds=dumps(embeds),
                   prompt_is_token_ids=getattr(r, "prompt_is_token_ids", None),
                   prefill_token_ids=getattr(r, "prefill_token_ids", None),

@@ -10,10 +10,11 @@ and never touches again are kept by reference. Conversion to Arrow happens in th
 from __future__ import annotations
 
 import dataclasses
+import pickle
 from itertools import chain
 from typing import Any
 
-from vllm_contract.plain import to_plain
+from vllm_contract.plain import opaque, to_plain, type_name
 
 # Fields with a column of their own. Anything else a dataclass has is "drift" and goes, in plain
 # form, to the extra_fields table: new vLLM versions add fields and nothing may be dropped.
@@ -54,7 +55,7 @@ def field_names(obj_or_cls: Any) -> list[str]:
 class Fields:
     """Field lists of the installed dataclasses, read once at attach time."""
 
-    def __init__(self) -> None:
+    def __init__(self, pickle_opaque: bool = False) -> None:
         from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
         from vllm.v1.outputs import ModelRunnerOutput
 
@@ -69,17 +70,25 @@ class Fields:
         self.extra = {k: [f for f in v if f not in known[k]] for k, v in self.all.items()}
         self.drift = {k: [f for f in v if f not in KNOWN_OPAQUE] for k, v in self.extra.items()}
         self.missing = {k: sorted(known[k] - set(v)) for k, v in self.all.items()}
+        self.pickle_opaque = pickle_opaque
 
 
-def _extras(obj: Any, names: list[str]) -> list[tuple[str, Any]]:
-    # Converted here, not later: these objects are outside our knowledge, so we cannot know
-    # whether someone mutates them after schedule() returns. They are None almost always.
+def _extras(obj: Any, names: list[str], pickle_opaque: bool = False) -> list[tuple]:
+    """(field, type name, size, plain form, pickled bytes or None) of each field without a column.
+    Converted here, not later: these objects are outside our knowledge, so we cannot know whether
+    someone mutates them after schedule() returns. They are None almost always."""
     out = []
     for name in names:
         value = getattr(obj, name, None)
         if value is None or (isinstance(value, (dict, list, set, tuple)) and not value):
             continue
-        out.append((name, value, to_plain(value)))
+        blob = None
+        if pickle_opaque:
+            try:
+                blob = pickle.dumps(value)
+            except Exception:  # unpicklable (a callable, a lock): described only
+                blob = None
+        out.append((name, type_name(value), opaque(value)["size"], to_plain(value), blob))
     return out
 
 
@@ -92,26 +101,30 @@ def scheduler_output(so: Any, fields: Fields) -> dict:
         {
             "req": r,  # sampling params & co are immutable once the request exists
             "block_ids": _blocks(r.block_ids),
-            "extra": _extras(r, fields.extra["NewRequestData"]) if fields.extra["NewRequestData"] else (),
+            "extra": _extras(r, fields.extra["NewRequestData"], fields.pickle_opaque),
         }
         for r in so.scheduled_new_reqs
     ]
     cr = so.scheduled_cached_reqs
+    # Fields newer than the SchedulerOutput core are read with a default: a vLLM without them
+    # records their absence in the manifest (missing_fields), not a recorder crash.
+    resumed = getattr(cr, "resumed_req_ids", None) or set()
     new_block_ids = list(cr.new_block_ids)
-    if cr.resumed_req_ids:
+    if resumed:
         for i, rid in enumerate(cr.req_ids):
-            if rid in cr.resumed_req_ids:
+            if rid in resumed:
                 new_block_ids[i] = _blocks(new_block_ids[i])
     spec = so.scheduled_spec_decode_tokens
     enc = so.scheduled_encoder_inputs
-    invalid = so.num_invalid_spec_tokens
-    preempted = so.preempted_req_ids
+    invalid = getattr(so, "num_invalid_spec_tokens", None)
+    preempted = getattr(so, "preempted_req_ids", None)
+    zero = getattr(so, "new_block_ids_to_zero", None)
     return {
         "new": new,
         "req_ids": cr.req_ids,
-        "resumed": cr.resumed_req_ids,
+        "resumed": resumed,
         "new_token_ids": cr.new_token_ids,
-        "all_token_ids": cr.all_token_ids,
+        "all_token_ids": getattr(cr, "all_token_ids", None) or {},
         "new_block_ids": new_block_ids,
         "num_computed_tokens": cr.num_computed_tokens,
         "num_output_tokens": cr.num_output_tokens,
@@ -123,12 +136,14 @@ def scheduler_output(so: Any, fields: Fields) -> dict:
         "finished": list(so.finished_req_ids),
         "preempted": None if preempted is None else list(preempted),
         "freed_mm": list(so.free_encoder_mm_hashes),
-        "prefix_blocks": list(so.num_common_prefix_blocks),
-        "zero_blocks": None if so.new_block_ids_to_zero is None else list(so.new_block_ids_to_zero),
-        "flags": (so.has_structured_output_requests, so.pending_structured_output_tokens,
-                  so.has_sync_kv_loads, so.num_spec_tokens_to_schedule),
-        "extra": _extras(so, fields.extra["SchedulerOutput"]),
-        "cached_extra": _extras(cr, fields.extra["CachedRequestData"]),
+        "prefix_blocks": list(getattr(so, "num_common_prefix_blocks", ())),
+        "zero_blocks": None if zero is None else list(zero),
+        "flags": (getattr(so, "has_structured_output_requests", None),
+                  getattr(so, "pending_structured_output_tokens", None),
+                  getattr(so, "has_sync_kv_loads", None),
+                  getattr(so, "num_spec_tokens_to_schedule", None)),
+        "extra": _extras(so, fields.extra["SchedulerOutput"], fields.pickle_opaque),
+        "cached_extra": _extras(cr, fields.extra["CachedRequestData"], fields.pickle_opaque),
     }
 
 
@@ -143,5 +158,5 @@ def model_output(mro: Any, fields: Fields) -> dict:
         "req_ids": mro.req_ids,
         "sampled": (list(chain.from_iterable(sampled)), list(map(len, sampled))),
         "nans": dict(mro.num_nans_in_logits) if mro.num_nans_in_logits else None,
-        "extra": _extras(mro, fields.extra["ModelRunnerOutput"]),
+        "extra": _extras(mro, fields.extra["ModelRunnerOutput"], fields.pickle_opaque),
     }

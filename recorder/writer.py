@@ -30,6 +30,20 @@ def engine_dir_name(host: str, pid: int, dp_rank: int) -> str:
     return f"{schema.ENGINE_DIR_PREFIX}{host}-{pid}-dp{dp_rank}"
 
 
+def _new_engine_dir(root: Path, name: str) -> Path:
+    """A directory no other recording uses: a second attach() in the same process and rank
+    gets `<name>.1`, and so on. Never reuse one: its segments would be truncated."""
+    root.mkdir(parents=True, exist_ok=True)
+    for k in range(10_000):
+        path = root / (name if k == 0 else f"{name}.{k}")
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"{root}: no free engine directory for {name}")
+
+
 class TraceWriter:
     def __init__(self, trace_dir: str | os.PathLike, manifest: dict, *, dp_rank: int = 0,
                  flush_steps: int = 64, flush_seconds: float = 1.0,
@@ -37,8 +51,7 @@ class TraceWriter:
                  pickle_opaque: bool = False) -> None:
         host = socket.gethostname()
         pid = os.getpid()
-        self.dir = Path(trace_dir) / engine_dir_name(host, pid, dp_rank)
-        self.dir.mkdir(parents=True, exist_ok=True)
+        self.dir = _new_engine_dir(Path(trace_dir), engine_dir_name(host, pid, dp_rank))
         self.manifest = {
             "format_version": schema.FORMAT_VERSION,
             "host": host, "pid": pid, "dp_rank": dp_rank,
@@ -56,7 +69,7 @@ class TraceWriter:
         self.taken = 0  # writer thread
         self._dropping_from: int | None = None
         self._last_drop = -1
-        self._cols = Columns(pickle_opaque)
+        self._cols = Columns()
         self._items: deque = deque()  # append/popleft are atomic
         self._wake = threading.Event()
         self._segments = SegmentSet(self.dir, segment_bytes)
@@ -66,18 +79,19 @@ class TraceWriter:
         self._thread.start()
 
     # -- engine thread -------------------------------------------------------------------------
-    def submit(self, kind: str, step: int, *payload) -> None:
+    def submit(self, kind: str, step: int, *payload) -> bool:
         """Queue a snapshot. The writer is woken once per flush_steps steps, not per step: every
         wake-up costs the engine a GIL hand-over."""
         if kind == "schedule":
             pending = self.submitted - self.taken
             if pending >= self.max_pending:
                 self._items.append(("drop", step))
-                return
+                return False
             self.submitted += 1
             if pending + 1 >= self.flush_steps:
                 self._wake.set()
         self._items.append((kind, step, *payload))
+        return True
 
     def flush(self, timeout: float = 30.0) -> bool:
         """Block until everything submitted so far is written; False on timeout or failure."""

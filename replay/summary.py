@@ -18,6 +18,8 @@ def engine_summary(e) -> dict:
         integrity.append("not closed cleanly (recorder still running, or the process died)")
     for err in m.get("recorder_errors", []):
         integrity.append(f"recorder error: {err.get('error')}")
+    for w in m.get("compaction_warnings", []):
+        integrity.append(f"compacted from a damaged segment: {w}")
     for a, b in m.get("dropped_steps", []):
         integrity.append(f"steps {a}..{b} dropped (writer fell behind)")
     if m.get("attached_mid_stream"):

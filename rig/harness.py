@@ -1,13 +1,16 @@
 """Drive the real vLLM Scheduler with no model, as vLLM's own unit tests do: schedule() → a
 fabricated ModelRunnerOutput → update_from_output(), deterministically.
 
-Fabricated parts, and only these: the sampled token ids (a function of request id and position),
-draft tokens fed back through the scheduler's own update_draft_token_ids(), and how many drafts
-are accepted. Everything the scheduler does with them is vLLM's real code.
+Fabricated parts, and only these: the sampled token ids (a function of request id and position,
+or for structured-output requests the lowest token the real grammar's bitmask allows), draft
+tokens fed back through the scheduler's own update_draft_token_ids(), how many drafts are
+accepted, and, only with encoder_lookalike=True, encoder inputs stamped on the real outputs.
+Everything the scheduler does with them is vLLM's real code.
 """
 
 from __future__ import annotations
 
+import re
 import zlib
 from dataclasses import dataclass, field
 from typing import Any
@@ -104,7 +107,8 @@ class Harness:
 
         if choice is not None:
             # vLLM's input processor turns `choice` into a grammar; a regex is what it accepts raw.
-            structured = StructuredOutputsParams(regex="(" + "|".join(choice) + ")")
+            regex = "(" + "|".join(map(re.escape, choice)) + ")"
+            structured = StructuredOutputsParams(regex=regex)
             structured._backend = "xgrammar"  # what vLLM's input processor would pick
             sampling["structured_outputs"] = structured
             sampling["ignore_eos"] = False

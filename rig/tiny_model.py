@@ -18,7 +18,9 @@ VERSION = 1  # bump when the model or tokenizer recipe changes; the cache key fo
 
 
 def default_dir() -> Path:
-    base = os.environ.get("VLLM_CONTRACT_CACHE") or Path(__file__).resolve().parents[1] / ".cache"
+    """$VLLM_CONTRACT_CACHE (the Makefile and tests set it to the checkout's .cache/), else
+    ~/.cache/vllm-contract."""
+    base = os.environ.get("VLLM_CONTRACT_CACHE") or Path.home() / ".cache" / "vllm-contract"
     return Path(base) / f"tiny-llama-v{VERSION}"
 
 

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_CONTRACT_CACHE", str(Path(__file__).resolve().parents[1] / ".cache"))
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
 
