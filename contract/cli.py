@@ -128,6 +128,15 @@ def demo(out: Annotated[Path, typer.Option(help="Where to write the trace.")] = 
         _fail(e)
 
 
+# Command groups in their own modules register on `app` when imported.
+for _module in ("vllm_contract.cli_live", "vllm_contract.cli_check"):
+    try:
+        __import__(_module)
+    except ModuleNotFoundError as _e:
+        if _e.name != _module:
+            raise
+
+
 def main() -> None:
     app()
 
