@@ -95,6 +95,21 @@ TABLES: dict[str, tuple[str, pa.Schema]] = {
             _col("replay_start", _I64, "NewRequestData.replay_start."),
         ]),
     ),
+    "mm_inputs": (
+        "One row per multimodal input of a NewRequestData (mm_features), normalised so that "
+        "encoder checks can join on it; the full objects stay in requests.mm_features.",
+        pa.schema([
+            _STEP,
+            _col("req_id", _STR, "Request id.", False),
+            _col("pos", _I64, "Index in mm_features: the encoder input index that "
+                 "scheduled_encoder_inputs refers to."),
+            _col("identifier", _STR, "Encoder-cache key (what free_encoder_mm_hashes names)."),
+            _col("mm_hash", _STR, "Processor-cache hash."),
+            _col("modality", _STR, "e.g. 'image'."),
+            _col("offset", _I64, "First placeholder token of the input in the prompt."),
+            _col("length", _I64, "Number of placeholder tokens."),
+        ]),
+    ),
     "finished": (
         "One row per id in a step's finished_req_ids (delivered to the worker with that step).",
         pa.schema([_STEP, _col("req_id", _STR, "Finished request id.", False)]),

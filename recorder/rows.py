@@ -146,6 +146,12 @@ class Columns:
                   prompt_is_token_ids=getattr(r, "prompt_is_token_ids", None),
                   prefill_token_ids=getattr(r, "prefill_token_ids", None),
                   replay_start=getattr(r, "replay_start", None))
+        for pos, f in enumerate(getattr(r, "mm_features", None) or ()):
+            where = getattr(f, "mm_position", None)
+            self._add("mm_inputs", step=step, req_id=r.req_id, pos=pos,
+                      identifier=getattr(f, "identifier", None), mm_hash=getattr(f, "mm_hash", None),
+                      modality=getattr(f, "modality", None), offset=getattr(where, "offset", None),
+                      length=getattr(where, "length", None))
         self._extra(step, "NewRequestData", r.req_id, item["extra"])
 
     def add_update(self, step: int, t_ns: int, dur_ns: int, m: dict, finishes: list) -> None:
