@@ -16,6 +16,13 @@ def test_trace_tables_doc_is_generated_from_the_schema():
         "docs/trace-tables.md is stale: run `make docs`")
 
 
+def test_sql_views_doc_is_generated():
+    from vllm_contract.replay.gateway import views_markdown
+
+    assert (ROOT / "docs" / "sql-views.md").read_text() == views_markdown(), (
+        "docs/sql-views.md is stale: run `make docs`")
+
+
 def test_every_scenario_is_documented():
     text = (ROOT / "docs" / "scenarios.md").read_text()
     missing = [name for name in scenarios.SCENARIOS if f"`{name}`" not in text]

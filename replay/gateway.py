@@ -1,0 +1,207 @@
+"""The query gateway: one DuckDB connection over one trace, with documented views.
+
+Compacted segments are read by DuckDB itself (read_parquet, lazily, so a trace larger than memory
+still scans); live `.arrows` stream segments, which DuckDB cannot read, go through our reader
+(keeping every whole batch of a torn tail) and are registered as Arrow tables without copying.
+Every result is a pyarrow.Table; every DuckDB error becomes a TraceError.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+
+from vllm_contract import schema
+from vllm_contract.errors import TraceError
+from vllm_contract.replay.trace import Trace, open_trace, read_segment
+
+# Views derived from the tables, documented with them (see VIEW_DOCS and docs/sql.md).
+ENGINES_SCHEMA = pa.schema([
+    pa.field("engine", pa.string()), pa.field("model", pa.string()),
+    pa.field("block_size", pa.int64()), pa.field("num_kv_blocks", pa.int64()),
+    pa.field("max_num_batched_tokens", pa.int64()), pa.field("max_num_seqs", pa.int64()),
+    pa.field("max_model_len", pa.int64()), pa.field("closed_cleanly", pa.bool_()),
+    pa.field("attached_mid_stream", pa.bool_()), pa.field("recorder_errors", pa.int64()),
+    pa.field("vllm_version", pa.string()),
+])
+DROPPED_SCHEMA = pa.schema([pa.field("engine", pa.string()), pa.field("first_step", pa.int64()),
+                            pa.field("last_step", pa.int64())])
+
+LIFELINE_SQL = """
+CREATE VIEW lifeline AS
+WITH intro AS (
+    SELECT engine, req_id, step AS intro_step,
+           LEAD(step) OVER (PARTITION BY engine, req_id ORDER BY step) AS next_intro_step
+    FROM requests
+),
+sched AS (
+    SELECT i.engine, i.req_id, i.intro_step, s.step, s.kind, s.num_scheduled_tokens
+    FROM intro i JOIN scheduled s ON s.engine = i.engine AND s.req_id = i.req_id
+    WHERE s.step >= i.intro_step AND (i.next_intro_step IS NULL OR s.step < i.next_intro_step)
+      AND s.kind IS NOT NULL
+),
+fin AS (
+    SELECT i.engine, i.req_id, i.intro_step, MIN(f.step) AS finished_step
+    FROM intro i JOIN finished f ON f.engine = i.engine AND f.req_id = i.req_id
+    WHERE f.step > i.intro_step AND (i.next_intro_step IS NULL OR f.step <= i.next_intro_step)
+    GROUP BY i.engine, i.req_id, i.intro_step
+),
+ev AS (
+    SELECT i.engine, i.req_id, i.intro_step, MIN(e.step) AS finish_event_step,
+           MIN(e.reason) AS finish_reason
+    FROM intro i JOIN finish_events e ON e.engine = i.engine AND e.req_id = i.req_id
+    WHERE e.step >= i.intro_step AND (i.next_intro_step IS NULL OR e.step < i.next_intro_step)
+    GROUP BY i.engine, i.req_id, i.intro_step
+),
+agg AS (
+    SELECT engine, req_id, intro_step, MIN(step) AS first_step, MAX(step) AS last_step,
+           COUNT(*) AS steps_scheduled, CAST(SUM(num_scheduled_tokens) AS BIGINT) AS tokens_scheduled,
+           CAST(SUM(CASE WHEN kind = 'resumed' THEN 1 ELSE 0 END) AS BIGINT) AS resumes
+    FROM sched GROUP BY engine, req_id, intro_step
+)
+SELECT i.engine, i.req_id, i.intro_step, a.first_step, a.last_step, a.steps_scheduled,
+       a.tokens_scheduled, a.resumes, ev.finish_event_step, ev.finish_reason, fin.finished_step
+FROM intro i
+LEFT JOIN agg a ON a.engine = i.engine AND a.req_id = i.req_id AND a.intro_step = i.intro_step
+LEFT JOIN ev ON ev.engine = i.engine AND ev.req_id = i.req_id AND ev.intro_step = i.intro_step
+LEFT JOIN fin ON fin.engine = i.engine AND fin.req_id = i.req_id AND fin.intro_step = i.intro_step
+"""
+
+VIEW_DOCS = {
+    **{name: doc for name, (doc, _) in schema.TABLES.items()},
+    "engines": "One row per engine (from its manifest): the settings checks compare against.",
+    "dropped": "One row per range of steps the recorder dropped (writer behind).",
+    "lifeline": "One row per request instance (an id introduced at intro_step; a reused id is a new "
+                "instance): when it ran, how it ended, when its finish reached the worker.",
+}
+
+
+class Gateway:
+    """Owns the DuckDB connection for one trace (a root or one engine directory)."""
+
+    def __init__(self, trace: Trace | str | Path) -> None:
+        self.trace = trace if isinstance(trace, Trace) else open_trace(trace)
+        self.con = duckdb.connect(":memory:")
+        self._lock = threading.Lock()
+        self.present: set[str] = set()  # tables with at least one segment in some engine
+        self._arrow: dict[str, pa.Table] = {}
+        try:
+            self._create_views()
+        except duckdb.Error as e:
+            raise TraceError(f"{self.trace.root}: cannot create views: {_one_line(e)}") from None
+
+    @property
+    def warnings(self) -> list[str]:
+        return self.trace.warnings
+
+    def _create_views(self) -> None:
+        for table in schema.TABLE_NAMES:
+            sch = schema.schema(table)
+            selects, live = [], []
+            cols = ", ".join(f'"{f.name}"' for f in sch)
+            for e in self.trace.engines:
+                segs = e.segments(table)
+                if segs:
+                    self.present.add(table)
+                parquet = [str(p) for p in segs if p.suffix == schema.PARQUET_SUFFIX]
+                if parquet:
+                    files = ", ".join("'" + p.replace("'", "''") + "'" for p in parquet)
+                    selects.append(f"SELECT '{_q(e.name)}' AS engine, {cols} "
+                                   f"FROM read_parquet([{files}])")
+                for p in segs:
+                    if p.suffix == schema.SEGMENT_SUFFIX:
+                        found: list[str] = []
+                        t = read_segment(p, found)
+                        e.warnings.extend(w for w in found if w not in e.warnings)
+                        if t is not None and t.num_rows:
+                            t = t.cast(sch)
+                            live.append(t.add_column(0, "engine", pa.array(
+                                [e.name] * t.num_rows, pa.string())))
+            empty = sch.empty_table().add_column(0, "engine", pa.array([], pa.string()))
+            arrow = pa.concat_tables(live) if live else empty
+            self._arrow[table] = arrow
+            self.con.register(f"_live_{table}", arrow)
+            selects.append(f"SELECT engine, {cols} FROM _live_{table}")
+            self.con.execute(f"CREATE VIEW {table} AS " + " UNION ALL ".join(selects))
+        self._register("_engines", ENGINES_SCHEMA, [self._engine_row(e) for e in self.trace.engines])
+        self._register("_dropped", DROPPED_SCHEMA, [
+            {"engine": e.name, "first_step": a, "last_step": b}
+            for e in self.trace.engines for a, b in e.manifest.get("dropped_steps", [])])
+        self.con.execute("CREATE VIEW engines AS SELECT * FROM _engines")
+        self.con.execute("CREATE VIEW dropped AS SELECT * FROM _dropped")
+        self.con.execute(LIFELINE_SQL)
+
+    def _register(self, name: str, sch: pa.Schema, rows: list[dict]) -> None:
+        self._arrow[name] = pa.Table.from_pylist(rows, schema=sch)
+        self.con.register(name, self._arrow[name])
+
+    @staticmethod
+    def _engine_row(e) -> dict:
+        m, s = e.manifest, e.manifest.get("engine") or {}
+        return {"engine": e.name, "model": s.get("model"), "block_size": s.get("block_size"),
+                "num_kv_blocks": s.get("num_kv_blocks"),
+                "max_num_batched_tokens": s.get("max_num_batched_tokens"),
+                "max_num_seqs": s.get("max_num_seqs"), "max_model_len": s.get("max_model_len"),
+                "closed_cleanly": bool(m.get("closed_cleanly")),
+                "attached_mid_stream": bool(m.get("attached_mid_stream")),
+                "recorder_errors": len(m.get("recorder_errors") or []),
+                "vllm_version": m.get("vllm_version")}
+
+    @property
+    def views(self) -> list[str]:
+        return list(VIEW_DOCS)
+
+    def cursor(self) -> duckdb.DuckDBPyConnection:
+        """A connection for another thread (DuckDB: one cursor per thread)."""
+        return self.con.cursor()
+
+    def sql(self, query: str, con: duckdb.DuckDBPyConnection | None = None) -> pa.Table:
+        try:
+            return (con or self.con).sql(query).to_arrow_table()
+        except duckdb.Error as e:
+            raise TraceError(f"SQL error: {_one_line(e)}") from None
+
+    def interrupt(self) -> None:
+        self.con.interrupt()
+
+    def counts(self) -> dict[str, int]:
+        return {v: self.sql(f"SELECT COUNT(*) AS n FROM {v}")["n"][0].as_py() for v in self.views}
+
+    def close(self) -> None:
+        self.con.close()
+
+    def __enter__(self) -> "Gateway":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _q(s: str) -> str:
+    return s.replace("'", "''")
+
+
+def _one_line(e: Exception) -> str:
+    return " ".join(str(e).split())
+
+
+def views_markdown() -> str:
+    """docs/sql.md's view list (generated, so it cannot drift)."""
+    out = ["<!-- generated by `python -m vllm_contract.replay.gateway` -->", "",
+           "Every table of the trace format is a view with an `engine` column first "
+           "(the engine directory's name); see docs/trace-tables.md for their columns.", "",
+           "| view | what |", "|---|---|"]
+    out += [f"| `{name}` | {doc} |" for name, doc in VIEW_DOCS.items()]
+    out += ["", "`engines` columns: " + ", ".join(f"`{f.name}`" for f in ENGINES_SCHEMA) + ".",
+            "", "`dropped` columns: " + ", ".join(f"`{f.name}`" for f in DROPPED_SCHEMA) + ".",
+            "", "`lifeline` columns: `engine`, `req_id`, `intro_step`, `first_step`, `last_step`, "
+            "`steps_scheduled`, `tokens_scheduled`, `resumes`, `finish_event_step`, "
+            "`finish_reason`, `finished_step` (the step whose finished_req_ids freed it)."]
+    return "\n".join(out) + "\n"
+
+
+if __name__ == "__main__":
+    print(views_markdown(), end="")

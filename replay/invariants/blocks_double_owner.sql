@@ -1,0 +1,55 @@
+-- id: blocks.double_owner
+-- severity: error
+-- title: a block is handed to a request while another live request still holds it
+-- why: Two requests writing KV into one block corrupt each other's attention: silently wrong
+--      tokens, no error anywhere.
+-- relies_on: vllm/v1/core/block_pool.py BlockPool; vllm/v1/core/kv_cache_manager.py allocate_slots
+-- needs: scheduled, preempted, finish_events, engines
+-- columns: engine, step, req_id, details
+-- note: prefix-cache sharing is allowed: a new or resumed request may share as many blocks as
+--       its num_computed_tokens covers, also blocks a request admitted before it fills in the
+--       same step (running requests are served first, then new ones in list order; the order
+--       of a resumed and a new request within one step is unknown, so such pairs are not
+--       compared).
+--       A holder keeps a block until it is preempted (its blocks may go to others in that very
+--       step) or until the step after its finish event.
+WITH groups_ AS (
+    SELECT engine, step, req_id, kind, pos, num_computed_tokens, UNNEST(new_block_ids) AS blocks
+    FROM scheduled
+    WHERE new_block_ids IS NOT NULL AND kind IS NOT NULL
+),
+acq AS (
+    SELECT engine, step, req_id, kind, pos, num_computed_tokens, UNNEST(blocks) AS block_id,
+           CASE WHEN kind = 'cached' THEN 0 ELSE 1 END AS phase
+    FROM groups_
+),
+release_ AS (
+    SELECT engine, req_id, step AS end_step FROM preempted
+    UNION ALL
+    SELECT engine, req_id, step + 1 AS end_step FROM finish_events
+),
+holds AS (
+    SELECT a.engine, a.req_id, a.step, a.block_id, a.phase, a.kind, a.pos,
+           MIN(r.end_step) AS end_step
+    FROM acq a
+    LEFT JOIN release_ r ON r.engine = a.engine AND r.req_id = a.req_id AND r.end_step > a.step
+    GROUP BY a.engine, a.req_id, a.step, a.block_id, a.phase, a.kind, a.pos
+),
+shared AS (
+    SELECT b.engine, b.step, b.req_id, b.kind, b.num_computed_tokens,
+           COUNT(DISTINCT b.block_id) AS n_shared, MIN(b.block_id) AS block_id,
+           MIN(h.req_id) AS holder
+    FROM acq b
+    JOIN holds h ON h.engine = b.engine AND h.block_id = b.block_id AND h.req_id <> b.req_id
+         AND h.step <= b.step AND (h.end_step IS NULL OR h.end_step > b.step)
+    WHERE h.step < b.step
+       OR h.phase < b.phase
+       OR (h.kind = b.kind AND h.pos < b.pos)
+    GROUP BY b.engine, b.step, b.req_id, b.kind, b.num_computed_tokens
+)
+SELECT s.engine, s.step, s.req_id,
+       CAST(s.n_shared AS VARCHAR) || ' block(s) (e.g. ' || CAST(s.block_id AS VARCHAR)
+       || ') still held by ' || s.holder || '; prefix hits cover '
+       || CAST(CAST(FLOOR(s.num_computed_tokens / e.block_size) AS BIGINT) AS VARCHAR) AS details
+FROM shared s JOIN engines e ON e.engine = s.engine
+WHERE s.kind = 'cached' OR s.n_shared > FLOOR(s.num_computed_tokens / e.block_size)

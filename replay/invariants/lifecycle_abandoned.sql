@@ -1,0 +1,43 @@
+-- id: lifecycle.abandoned
+-- severity: error
+-- title: a request the worker holds is neither scheduled nor finished when the engine went idle
+-- why: The worker keeps every introduced request until its id arrives in finished_req_ids; one
+--      the scheduler forgot stays in the worker's caches for the life of the process.
+-- relies_on: vllm/v1/worker/gpu_model_runner.py GPUModelRunner._update_states (self.requests)
+-- needs: steps, requests, finished, finish_events
+-- columns: engine, step, req_id, details
+-- note: only for a cleanly closed trace whose last step shows the scheduler idle (nothing running
+--       or waiting); a request with a finish event whose delivery fell after the trace's end is
+--       the normal end of a run, not this.
+WITH last_step AS (
+    SELECT engine, MAX(step) AS step FROM steps GROUP BY engine
+),
+idle AS (
+    SELECT l.engine, l.step
+    FROM last_step l
+    JOIN steps s ON s.engine = l.engine AND s.step = l.step
+    JOIN engines e ON e.engine = l.engine
+    WHERE e.closed_cleanly AND s.num_running = 0 AND s.num_waiting = 0
+),
+intro AS (
+    SELECT engine, req_id, step AS intro_step,
+           LEAD(step) OVER (PARTITION BY engine, req_id ORDER BY step) AS next_intro_step
+    FROM requests
+),
+ended AS (
+    SELECT i.engine, i.req_id, i.intro_step
+    FROM intro i JOIN finished f ON f.engine = i.engine AND f.req_id = i.req_id
+    WHERE f.step > i.intro_step
+    UNION ALL
+    SELECT i.engine, i.req_id, i.intro_step
+    FROM intro i JOIN finish_events v ON v.engine = i.engine AND v.req_id = i.req_id
+    WHERE v.step >= i.intro_step
+)
+SELECT d.engine, d.step, i.req_id,
+       'introduced at step ' || CAST(i.intro_step AS VARCHAR)
+       || ', never finished; the scheduler is idle' AS details
+FROM intro i
+JOIN idle d ON d.engine = i.engine
+LEFT JOIN (SELECT DISTINCT engine, req_id, intro_step FROM ended) x
+     ON x.engine = i.engine AND x.req_id = i.req_id AND x.intro_step = i.intro_step
+WHERE i.next_intro_step IS NULL AND x.req_id IS NULL

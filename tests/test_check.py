@@ -1,0 +1,536 @@
+"""The invariant catalog on real traces: silent on every clean run, and each invariant found,
+at the right step and request, when a real recording is broken the way a scheduler bug would
+break it.
+
+Breaks come two ways. "patch": the real Scheduler runs and its SchedulerOutput is altered right
+after schedule() returns, before the recorder sees it (the bug is in the scheduler, the trace is
+real). "edit": a clean recorded trace is compacted and one table or the manifest is rewritten
+(for breaks that would derail the scheduler itself, or that concern the recorder)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+from vllm_contract import schema
+from vllm_contract.cli import app
+from vllm_contract.recorder.compact import compact
+from vllm_contract.replay import catalog, checker
+from vllm_contract.replay.gateway import Gateway
+from vllm_contract.replay.trace import open_trace
+from vllm_contract.rig import scenarios
+
+CLEAN = [n for n in scenarios.SCENARIOS if n != "long_run"]
+
+
+def findings(path, only=None):
+    with Gateway(path) as gw:
+        invs = checker.select(catalog.load(), only)
+        return checker.run(gw, invs)
+
+
+def serious(report):
+    return [f for f in report.findings if f.severity in ("error", "warning")]
+
+
+def hits(report, invariant):
+    return [(f.step, f.req_id) for f in report.findings if f.invariant == invariant]
+
+
+# -- zero false positives ---------------------------------------------------------------------
+@pytest.mark.parametrize("name", CLEAN)
+def test_clean_scenarios_have_no_errors_or_warnings(name, tiny_model, tmp_path):
+    scenarios.run(name, tiny_model, tmp_path)
+    report = findings(tmp_path)
+    assert not report.skipped
+    assert serious(report) == [], [f.message for f in serious(report)]
+
+
+def test_clean_real_engine_run_has_no_errors_or_warnings(cpu_llm, tmp_path):
+    from vllm_contract.recorder import attach
+    from vllm_contract.rig.engine import demo_workload, scheduler_of
+
+    with attach(scheduler_of(cpu_llm), tmp_path):
+        demo_workload(cpu_llm)
+    report = findings(tmp_path)
+    assert serious(report) == [], [f.message for f in serious(report)]
+    # the never-scheduled abort (req-7) is the one info finding a correct scheduler produces
+    assert [r for _, r in hits(report, "finished.phantom")] == [
+        r for r in open_trace(tmp_path).read("finished")["req_id"].to_pylist()
+        if r.startswith("req-7-")]
+
+
+# -- helpers ----------------------------------------------------------------------------------
+def patched(tiny_model, tmp_path, name, mutate, **writer):
+    """Run scenario `name`, letting mutate(so, step) break each SchedulerOutput; returns the
+    list of (step, req_id) that mutate reported breaking."""
+    broken = []
+    state = {"step": 0}
+
+    def on_schedule(so):
+        hit = mutate(so, state["step"])
+        if hit:
+            broken.append(hit)
+        state["step"] += 1
+
+    scenarios.run(name, tiny_model, tmp_path, on_schedule=on_schedule, **writer)
+    assert broken, "the patch never applied: the test proves nothing"
+    return broken
+
+
+def edit(path: Path, table: str, fn) -> None:
+    """Rewrite one table of a (single-engine) trace: rows -> fn(rows)."""
+    t = open_trace(path)
+    compact(t)
+    (e,) = t.engines
+    rows = fn(e.read(table).to_pylist())
+    for p in (e.dir / table).glob("*.parquet"):
+        p.unlink()
+    pq.write_table(pa.Table.from_pylist(rows, schema=schema.schema(table)),
+                   e.dir / table / "000000.parquet")
+
+
+def edit_manifest(path: Path, **changes) -> None:
+    (e,) = open_trace(path).engines
+    m = json.loads((e.dir / "manifest.json").read_text())
+    for k, v in changes.items():
+        if k in m.get("engine", {}):
+            m["engine"][k] = v
+        else:
+            m[k] = v
+    (e.dir / "manifest.json").write_text(json.dumps(m))
+
+
+def cached_ids(so):
+    return list(so.scheduled_cached_reqs.req_ids)
+
+
+# -- breaks by patching the real scheduler's output -------------------------------------------
+def test_leaked_finished_ids(tiny_model, tmp_path):
+    def drop_finished(so, step):
+        if so.finished_req_ids and step < 60:
+            rid = sorted(so.finished_req_ids)[0]
+            so.finished_req_ids.discard(rid)
+            return step, rid
+
+    broken = patched(tiny_model, tmp_path, "preemption", drop_finished)
+    got = hits(findings(tmp_path), "finished.leaked")
+    assert broken[0] in got
+
+
+def test_skipped_zero_token_step(tiny_model, tmp_path):
+    """The historical leak: the last step, zero tokens and only finished ids, never executed."""
+    scenarios.run("aborts", tiny_model, tmp_path)
+    steps = open_trace(tmp_path).read("steps").to_pylist()
+    last = steps[-1]
+    assert last["total_num_scheduled_tokens"] == 0 and last["num_finished"] > 0
+    gone = {r["req_id"] for r in open_trace(tmp_path).read("finished").to_pylist()
+            if r["step"] == last["step"]}
+    edit(tmp_path, "finished", lambda rows: [r for r in rows if r["step"] != last["step"]])
+    edit(tmp_path, "steps", lambda rows: rows[:-1] + [dict(rows[-1], num_finished=0)])
+    report = findings(tmp_path)
+    # the ids were due in a step that now carries nothing: the following step never comes
+    leaked = {r for _, r in hits(report, "finished.leaked")}
+    assert leaked == set() or leaked <= gone
+    edit(tmp_path, "steps", lambda rows: rows + [dict(rows[-1], step=rows[-1]["step"] + 1)])
+    leaked = {r for _, r in hits(findings(tmp_path), "finished.leaked")}
+    assert gone and gone - {"never-scheduled"} <= leaked
+
+
+def test_duplicate_new_request(tiny_model, tmp_path):
+    import copy
+
+    def duplicate(so, step):
+        if so.scheduled_new_reqs and step == 0:
+            so.scheduled_new_reqs.append(copy.copy(so.scheduled_new_reqs[0]))
+            return step, so.scheduled_new_reqs[0].req_id
+
+    broken = patched(tiny_model, tmp_path, "aborts", duplicate)
+    report = findings(tmp_path)
+    assert broken[0] in hits(report, "tokens.duplicate_request")
+    assert broken[0] in hits(report, "lifecycle.new_while_live")
+
+
+def test_total_differs_from_sum(tiny_model, tmp_path):
+    def bump(so, step):
+        if step == 3:
+            so.total_num_scheduled_tokens += 1
+            return step, None
+
+    patched(tiny_model, tmp_path, "aborts", bump)
+    assert hits(findings(tmp_path), "tokens.total_mismatch") == [(3, None)]
+
+
+def test_listed_without_tokens(tiny_model, tmp_path):
+    def forget(so, step):
+        ids = cached_ids(so)
+        if step == 5 and ids:
+            n = so.num_scheduled_tokens.pop(ids[0])
+            so.total_num_scheduled_tokens -= n
+            return step, ids[0]
+
+    broken = patched(tiny_model, tmp_path, "aborts", forget)
+    assert broken[0] in hits(findings(tmp_path), "tokens.listed_without_tokens")
+
+
+def test_unlisted_request_and_unknown_cached(tiny_model, tmp_path):
+    """The scheduler schedules a request but forgets to send it as new: the worker never
+    learns it, and its later cached entries are KeyErrors."""
+    def hide(so, step):
+        if step == 0 and so.scheduled_new_reqs:
+            r = so.scheduled_new_reqs.pop()
+            return step, r.req_id
+
+    broken = patched(tiny_model, tmp_path, "aborts", hide)
+    step, rid = broken[0]
+    report = findings(tmp_path)
+    assert (step, rid) in hits(report, "tokens.unlisted_request")
+    assert (step + 1, rid) in hits(report, "lifecycle.unknown_cached")
+
+
+def test_finished_while_still_scheduled(tiny_model, tmp_path):
+    def free_early(so, step):
+        ids = cached_ids(so)
+        if step == 4 and ids:
+            so.finished_req_ids.add(ids[0])
+            return step, ids[0]
+
+    broken = patched(tiny_model, tmp_path, "aborts", free_early)
+    step, rid = broken[0]
+    report = findings(tmp_path)
+    assert (step, rid) in hits(report, "finished.and_scheduled")
+    assert (step + 1, rid) in hits(report, "lifecycle.scheduled_after_finish")
+
+
+def test_finished_id_delivered_twice(tiny_model, tmp_path):
+    seen = {}
+
+    def again(so, step):
+        for rid in so.finished_req_ids:
+            seen.setdefault(rid, step)
+        old = [r for r, s in seen.items() if s < step and r not in so.finished_req_ids]
+        if old and step >= 0 and not again.done:
+            again.done = True
+            so.finished_req_ids.add(old[0])
+            return step, old[0]
+
+    again.done = False
+    broken = patched(tiny_model, tmp_path, "preemption", again)
+    assert broken[0] in hits(findings(tmp_path), "finished.duplicate")
+
+
+def test_too_many_tokens_for_the_request(tiny_model, tmp_path):
+    def overshoot(so, step):
+        ids = cached_ids(so)
+        if step == 8 and ids:
+            so.num_scheduled_tokens[ids[0]] += 50
+            so.total_num_scheduled_tokens += 50
+            return step, ids[0]
+
+    broken = patched(tiny_model, tmp_path, "aborts", overshoot)
+    assert broken[0] in hits(findings(tmp_path), "tokens.beyond_request")
+
+
+def test_computed_tokens_moving_backwards(tiny_model, tmp_path):
+    def rewind(so, step):
+        cr = so.scheduled_cached_reqs
+        if step == 8 and cr.req_ids:
+            cr.num_computed_tokens[0] -= 3
+            return step, cr.req_ids[0]
+
+    broken = patched(tiny_model, tmp_path, "aborts", rewind)
+    assert broken[0] in hits(findings(tmp_path), "computed.progress")
+
+
+def test_spec_tokens_for_unscheduled_and_too_many(tiny_model, tmp_path):
+    def bad_drafts(so, step):
+        ids = cached_ids(so)
+        if step == 7 and ids:
+            so.scheduled_spec_decode_tokens["ghost"] = [5, 6]
+            so.scheduled_spec_decode_tokens[ids[0]] = [5] * 8
+            return step, ids[0]
+
+    broken = patched(tiny_model, tmp_path, "spec_decode", bad_drafts)
+    step, rid = broken[0]
+    report = findings(tmp_path)
+    assert (step, "ghost") in hits(report, "spec.unscheduled")
+    assert (step, rid) in hits(report, "spec.too_many")
+
+
+def test_spec_tokens_before_any_output(tiny_model, tmp_path):
+    def early(so, step):
+        if so.scheduled_new_reqs and step == 0:
+            rid = so.scheduled_new_reqs[0].req_id
+            so.scheduled_spec_decode_tokens[rid] = [7]
+            return step, rid
+
+    broken = patched(tiny_model, tmp_path, "spec_decode", early)
+    assert broken[0] in hits(findings(tmp_path), "spec.before_any_output")
+
+
+def test_encoder_breaks(tiny_model, tmp_path):
+    def bad_encoder(so, step):
+        if so.scheduled_new_reqs and step == 0:
+            r = so.scheduled_new_reqs[0]
+            so.scheduled_encoder_inputs["ghost"] = [0]
+            so.free_encoder_mm_hashes.append("never-seen")
+            # freed in the very step its request needs it
+            so.free_encoder_mm_hashes.append(r.mm_features[0].identifier)
+            return step, r.req_id
+
+    broken = patched(tiny_model, tmp_path, "encoder_lookalike", bad_encoder)
+    step, rid = broken[0]
+    report = findings(tmp_path)
+    assert (step, "ghost") in hits(report, "encoder.unscheduled")
+    assert (step, None) in hits(report, "encoder.free_unknown")
+    assert (step, rid) in hits(report, "encoder.freed_while_needed")
+
+
+def test_encoder_never_freed(tiny_model, tmp_path):
+    def keep(so, step):
+        if so.free_encoder_mm_hashes:
+            so.free_encoder_mm_hashes.clear()
+            return step, None
+
+    patched(tiny_model, tmp_path, "encoder_lookalike", keep)
+    assert len(hits(findings(tmp_path), "encoder.never_freed")) == 3
+
+
+def test_block_out_of_range(tiny_model, tmp_path):
+    def far(so, step):
+        cr = so.scheduled_cached_reqs
+        if step == 6 and cr.req_ids:
+            cr.new_block_ids[0] = ([10_000],)
+            return step, cr.req_ids[0]
+
+    broken = patched(tiny_model, tmp_path, "aborts", far)
+    assert broken[0] in hits(findings(tmp_path), "blocks.out_of_range")
+
+
+def test_block_handed_out_while_held(tiny_model, tmp_path):
+    held = {}
+
+    def steal(so, step):
+        for r in so.scheduled_new_reqs:
+            if held and not steal.done and so.scheduled_new_reqs:
+                victim_block = next(iter(held.values()))
+                r.block_ids[0][-1] = victim_block
+                steal.done = True
+                return step, r.req_id
+            held[r.req_id] = r.block_ids[0][-1]
+
+    steal.done = False
+    broken = patched(tiny_model, tmp_path, "prefix_cache", steal)
+    assert broken[0] in hits(findings(tmp_path), "blocks.double_owner")
+
+
+# -- breaks by editing a recorded trace -------------------------------------------------------
+def test_resumed_without_blocks_and_without_preemption(tiny_model, tmp_path):
+    scenarios.run("preemption", tiny_model, tmp_path)
+    resumed = [(r["step"], r["req_id"]) for r in open_trace(tmp_path).read("scheduled").to_pylist()
+               if r["kind"] == "resumed"]
+    assert resumed
+    edit(tmp_path, "scheduled", lambda rows: [
+        dict(r, new_block_ids=None) if (r["step"], r["req_id"]) == resumed[0] else r
+        for r in rows])
+    edit(tmp_path, "preempted", lambda rows: [])
+    report = findings(tmp_path)
+    assert resumed[0] in hits(report, "lifecycle.resumed_without_blocks")
+    assert set(resumed) <= set(hits(report, "lifecycle.resumed_without_preemption"))
+
+
+def test_block_table_too_short(tiny_model, tmp_path):
+    scenarios.run("chunked_prefill", tiny_model, tmp_path)
+    grown = [(r["step"], r["req_id"]) for r in open_trace(tmp_path).read("scheduled").to_pylist()
+             if r["kind"] == "cached" and r["new_block_ids"]]
+    assert grown
+    edit(tmp_path, "scheduled", lambda rows: [
+        dict(r, new_block_ids=None) if (r["step"], r["req_id"]) == grown[0] else r for r in rows])
+    assert grown[0] in hits(findings(tmp_path), "blocks.table_short")
+
+
+def test_model_output_ids_mismatch(tiny_model, tmp_path):
+    scenarios.run("aborts", tiny_model, tmp_path)
+    row = open_trace(tmp_path).read("model_outputs").to_pylist()[5]
+    edit(tmp_path, "model_outputs", lambda rows: [
+        r for r in rows if (r["step"], r["req_id"]) != (row["step"], row["req_id"])])
+    assert (row["step"], row["req_id"]) in hits(findings(tmp_path), "outputs.ids_mismatch")
+
+
+def test_abandoned_request(tiny_model, tmp_path):
+    scenarios.run("aborts", tiny_model, tmp_path)
+    edit(tmp_path, "finish_events", lambda rows: [r for r in rows if r["req_id"] != "a0"])
+    edit(tmp_path, "finished", lambda rows: [r for r in rows if r["req_id"] != "a0"])
+    assert [r for _, r in hits(findings(tmp_path), "lifecycle.abandoned")] == ["a0"]
+
+
+def test_budgets_and_model_len_from_the_manifest(tiny_model, tmp_path):
+    scenarios.run("aborts", tiny_model, tmp_path)
+    edit_manifest(tmp_path, max_num_batched_tokens=32, max_num_seqs=2, max_model_len=45)
+    report = findings(tmp_path)
+    for inv in ("budget.tokens", "budget.seqs", "tokens.beyond_model_len"):
+        assert hits(report, inv), inv
+
+
+def test_starved_and_stalled(tiny_model, tmp_path):
+    from vllm_contract.recorder import attach
+    from vllm_contract.rig.harness import Harness
+
+    h = Harness(tiny_model)
+    with attach(h.scheduler, tmp_path):
+        h.add("long", scenarios.prompt(1, 8), max_tokens=150)
+        h.add("other", scenarios.prompt(2, 8), max_tokens=150)
+        h.run()
+    rid, lo = "long", 20
+    edit(tmp_path, "scheduled", lambda rs: [r for r in rs if not (
+        r["req_id"] == rid and lo <= r["step"] < lo + 66)])
+    edit(tmp_path, "steps", lambda rs: [
+        dict(r, total_num_scheduled_tokens=0, num_waiting=2, num_running=0)
+        if 100 <= r["step"] < 110 else r for r in rs])
+    edit_manifest(tmp_path, max_num_batched_tokens=10_000)
+    report = findings(tmp_path)
+    assert [r for _, r in hits(report, "progress.starved")] == [rid]
+    assert hits(report, "progress.stalled") == [(107, None)]
+
+
+def test_trace_integrity(tiny_model, tmp_path):
+    scenarios.run("aborts", tiny_model, tmp_path)
+    edit(tmp_path, "steps", lambda rows: [r for r in rows if not 3 <= r["step"] <= 5])
+    edit_manifest(tmp_path, closed_cleanly=False, dropped_steps=[[10, 12]],
+                  attached_mid_stream=True)
+    report = findings(tmp_path)
+    assert hits(report, "trace.missing_steps") == [(3, None)]
+    assert hits(report, "trace.dropped_steps") == [(10, None)]
+    assert len(hits(report, "trace.unclean_close")) == 1
+    assert len(hits(report, "trace.attached_mid_stream")) == 1
+
+
+def test_attached_mid_stream_does_not_blame_the_scheduler(tiny_model, tmp_path):
+    scenarios.run("aborts", tiny_model, tmp_path)
+    edit(tmp_path, "requests", lambda rows: [r for r in rows if r["req_id"] != "a0"])
+    assert hits(findings(tmp_path), "lifecycle.unknown_cached")
+    edit_manifest(tmp_path, attached_mid_stream=True)
+    assert not hits(findings(tmp_path), "lifecycle.unknown_cached")
+
+
+# -- the CLI ----------------------------------------------------------------------------------
+def test_cli_formats_and_exit_codes(tiny_model, tmp_path):
+    trace = tmp_path / "t"
+    scenarios.run("chunked_prefill", tiny_model, trace)
+    r = CliRunner().invoke(app, ["check", str(trace), "--format", "json"])
+    assert r.exit_code == 0 and json.loads(r.stdout) == []
+
+    def drop_finished(so, step):
+        if so.finished_req_ids:
+            so.finished_req_ids.clear()
+            return step, None
+
+    broken = tmp_path / "b"
+    patched(tiny_model, broken, "chunked_prefill", drop_finished)
+    r = CliRunner().invoke(app, ["check", str(broken), "--format", "json"])
+    assert r.exit_code == 1
+    rows = json.loads(r.stdout)
+    assert rows and {"invariant", "severity", "step", "req_id", "message"} <= set(rows[0])
+    assert "finished.leaked" in {x["invariant"] for x in rows}
+    r = CliRunner().invoke(app, ["check", str(broken), "--format", "jsonl"])
+    assert [json.loads(line) for line in r.stdout.splitlines()] == rows
+    r = CliRunner().invoke(app, ["check", str(broken), "--format", "csv"])
+    assert r.stdout.splitlines()[0] == "invariant,severity,engine,step,req_id,message"
+    r = CliRunner().invoke(app, ["check", str(broken), "--format", "junit"])
+    import xml.etree.ElementTree as ET
+
+    suite = ET.fromstring(r.stdout)
+    assert int(suite.get("failures")) >= 1
+    r = CliRunner().invoke(app, ["check", str(broken)])
+    assert r.exit_code == 1 and "finished.leaked" in r.stdout
+    # --only and --fail-on
+    r = CliRunner().invoke(app, ["check", str(broken), "--only", "tokens.nonpositive"])
+    assert r.exit_code == 0
+    r = CliRunner().invoke(app, ["check", str(trace), "--fail-on", "info",
+                                 "--only", "trace.unclean_close"])
+    assert r.exit_code == 0
+
+
+def test_cli_bad_input(tiny_model, tmp_path):
+    trace = tmp_path / "t"
+    scenarios.run("chunked_prefill", tiny_model, trace)
+    runner = CliRunner()
+
+    def fails(args, text):
+        r = runner.invoke(app, args)
+        assert r.exit_code == 2, (r.stdout, r.stderr)
+        assert "Traceback" not in r.stderr + r.stdout
+        assert text in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+    fails(["check", str(trace), "--only", "no.such"], "unknown check id")
+    bad = tmp_path / "checks"
+    bad.mkdir()
+    (bad / "x.sql").write_text("-- id: mine.bad\n-- severity: fatal\nSELECT 1\n")
+    fails(["check", str(trace), "--invariants", str(bad)], "malformed check")
+    (bad / "x.sql").write_text("-- id: mine.bad\n-- severity: error\n-- title: t\n-- why: w\n"
+                               "-- relies_on: r\n-- needs: steps\nSELECT nonsense FROM steps\n")
+    fails(["check", str(trace), "--invariants", str(bad)], "mine.bad")
+    fails(["check", str(tmp_path / "missing")], "no such trace")
+    fails(["sql", str(trace), "SELECT * FROM no_such_view"], "SQL error")
+
+
+def test_user_check_and_a_trace_lacking_a_table(tiny_model, tmp_path):
+    trace = tmp_path / "t"
+    scenarios.run("aborts", tiny_model, trace)
+    mine = tmp_path / "checks"
+    mine.mkdir()
+    (mine / "long.sql").write_text(
+        "-- id: mine.long_prompt\n-- severity: warning\n-- title: long prompt\n"
+        "-- why: ours\n-- relies_on: nothing\n-- needs: requests\n"
+        "SELECT engine, step, req_id, 'prompt ' || CAST(prompt_len AS VARCHAR) AS details\n"
+        "FROM requests WHERE prompt_len >= 40\n")
+    r = CliRunner().invoke(app, ["check", str(trace), "--invariants", str(mine), "--format",
+                                 "json", "--only", "mine.long_prompt"])
+    assert r.exit_code == 0
+    assert {x["req_id"] for x in json.loads(r.stdout)} == {"a0", "a1", "a2", "a3"}
+    (e,) = open_trace(trace).engines
+    import shutil
+
+    shutil.rmtree(e.dir / "finish_events")
+    report = findings(trace)
+    assert "finished.leaked" in report.skipped
+    assert "finish_events" in report.skipped["finished.leaked"]
+
+
+def test_sql_command_and_views(tiny_model, tmp_path):
+    scenarios.run("preemption", tiny_model, tmp_path)
+    r = CliRunner().invoke(app, ["sql", str(tmp_path), "SELECT COUNT(*) AS n FROM preempted",
+                                 "--format", "json"])
+    assert r.exit_code == 0
+    assert json.loads(r.stdout)[0]["n"] == open_trace(tmp_path).read("preempted").num_rows
+    with Gateway(tmp_path) as gw:
+        life = gw.sql("SELECT * FROM lifeline").to_pylist()
+        assert {x["req_id"] for x in life} == {f"p{i}" for i in range(6)}
+        assert all(x["finish_reason"] == "LENGTH" for x in life)
+        assert sum(x["resumes"] for x in life) == gw.sql(
+            "SELECT COUNT(*) AS n FROM scheduled WHERE kind = 'resumed'")["n"][0].as_py()
+
+
+# -- portability ------------------------------------------------------------------------------
+def test_catalog_transpiles_to_spark():
+    import sqlglot
+    from sqlglot.errors import ErrorLevel
+
+    for inv in catalog.load():
+        try:
+            out = sqlglot.transpile(inv.sql, read="duckdb", write="spark",
+                                    unsupported_level=ErrorLevel.RAISE)
+        except Exception as e:  # noqa: BLE001 - any failure names the file
+            pytest.fail(f"{inv.path.name}: {e}")
+        assert out and out[0].strip()
+
+
+def test_catalog_docs_are_generated():
+    root = Path(__file__).resolve().parents[1]
+    assert (root / "docs" / "invariants.md").read_text() == catalog.markdown(catalog.load()), (
+        "docs/invariants.md is stale: run `make docs`")
