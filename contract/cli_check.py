@@ -54,7 +54,8 @@ def _render_table(report, invariants, examples: int = 3) -> str:
     for f in report.findings:
         by.setdefault(f.invariant, []).append(f)
     lines = []
-    for inv in invariants:
+    rank = {"error": 0, "warning": 1, "info": 2}
+    for inv in sorted(invariants, key=lambda i: (rank[i.severity], i.id)):
         found = by.get(inv.id)
         if not found:
             continue

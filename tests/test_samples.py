@@ -33,3 +33,24 @@ def test_mixed_sample_has_preemption_and_aborts():
 def test_spec_sample_has_drafts():
     assert any(t for t in open_trace(SAMPLES / "spec-decode").read("scheduled")["spec_token_ids"]
                .to_pylist())
+
+
+@pytest.mark.parametrize("name,invariant", [
+    ("broken-leak", "finished.leaked"),
+    ("broken-held-block", "blocks.double_owner"),
+    ("broken-unknown-cached", "lifecycle.unknown_cached"),
+])
+def test_broken_sample_shows_its_break(name, invariant):
+    import json
+
+    result = CliRunner().invoke(app, ["check", str(SAMPLES / name), "--format", "json"])
+    assert result.exit_code == 1
+    errors = {f["invariant"] for f in json.loads(result.stdout) if f["severity"] == "error"}
+    assert invariant in errors
+
+
+@pytest.mark.parametrize("name", ["mixed", "spec-decode", "encoder-lookalike",
+                                  "structured-output"])
+def test_clean_sample_checks_clean(name):
+    result = CliRunner().invoke(app, ["check", str(SAMPLES / name), "--fail-on", "warning"])
+    assert result.exit_code == 0, result.stdout
