@@ -172,6 +172,34 @@ TABLES: dict[str, tuple[str, pa.Schema]] = {
                  "pickle_opaque=True; reading it back needs allow_pickle=True."),
         ]),
     ),
+    "transport": (
+        "Both ends of the hand-off of a step's SchedulerOutput (live engines armed by the plugin): "
+        "'executed' when the engine called its executor's execute_model() with it, 'received' "
+        "when a worker's execute_model() got it. A step without 'executed' never left the engine.",
+        pa.schema([
+            _STEP,
+            _col("event", _STR, "'executed' (engine side) or 'received' (worker side).", False),
+            _col("worker", _I64, "'received': the worker's rank in its executor; NULL for "
+                 "'executed'."),
+            _col("seq", _I64, "Hand-off number: execute_model() calls since the engine was armed "
+                 "(1 = the first); a worker's n-th receipt is matched to the engine's n-th call."),
+            _col("t_ns", _I64, "Wall clock of the event (the worker's clock for 'received')."),
+            _col("num_scheduled_tokens", _I64, "total_num_scheduled_tokens of the output as that "
+                 "end saw it (a check that engine and worker talk about the same step)."),
+        ]),
+    ),
+    "redacted": (
+        "One row per token list left out because prompts are redacted (VLLM_CONTRACT_REDACT_"
+        "PROMPTS): its length and hash; the column it came from holds NULL.",
+        pa.schema([
+            _STEP,
+            _col("req_id", _STR, "Request id.", False),
+            _col("field", _STR, "'prompt_token_ids', 'prefill_token_ids' (requests) or "
+                 "'all_token_ids' (scheduled).", False),
+            _col("length", _I64, "Number of token ids."),
+            _col("sha256", _STR, "Hex SHA-256 of the token ids as little-endian int64."),
+        ]),
+    ),
 }
 
 TABLE_NAMES = tuple(TABLES)

@@ -3,6 +3,11 @@ finish_requests() of one scheduler instance.
 
 The wrappers are instance attributes, so only this scheduler is touched and close() restores it.
 Every recorder failure is caught: the wrapped call's result is returned unchanged, always.
+
+The live-engine plugin (plugin.py, armed.py) uses the same Recorder with `install=False`: it is
+built outside the engine's step loop (directory, manifest, writer thread) and installed by the
+engine thread at a step boundary; its schedule() is driven by the plugin's gate, and the
+executor hook reports each hand-off (`note_executed`) for the `transport` table.
 """
 
 from __future__ import annotations
@@ -30,16 +35,45 @@ def _vllm_version() -> str | None:
         return None
 
 
+def worker_state(scheduler: Any) -> dict:
+    """What the worker already holds when a recording starts: requests it was introduced to
+    (running, or preempted and waiting to resume) and finished ids not yet delivered to it."""
+    requests = getattr(scheduler, "requests", None) or {}
+    preempted = sum(1 for r in list(requests.values())
+                    if getattr(getattr(r, "status", None), "name", None) == "PREEMPTED")
+    return {"requests": len(getattr(scheduler, "running", ()) or ()) + preempted,
+            "finished_ids": len(getattr(scheduler, "finished_req_ids", ()) or ())}
+
+
+def _cost(snap: dict) -> int:
+    """Rough bytes a queued schedule snapshot (and its update) keeps alive: for the pending
+    budget, so it must be cheap, not exact."""
+    prompts = 0
+    for item in snap["new"]:
+        p = item["req"].prompt_token_ids
+        prompts += len(p) if p is not None else 0
+    return 1024 + 160 * len(snap["num_scheduled_tokens"]) + 40 * prompts
+
+
 class Recorder:
     """Handle returned by attach(); close() (or leaving the `with` block) stops and seals."""
 
-    def __init__(self, scheduler: Any, trace_dir: str | os.PathLike, **writer_options: Any) -> None:
+    def __init__(self, scheduler: Any, trace_dir: str | os.PathLike, *, install: bool = True,
+                 wrap_schedule: bool = True, started_by: str = "attach()",
+                 receipts: Any = None, manifest_extra: dict | None = None,
+                 **writer_options: Any) -> None:
         self.scheduler = scheduler
         self.fields = snapshot.Fields(pickle_opaque=writer_options.get("pickle_opaque", False))
         self.step = 0
-        self._inflight: dict[int, tuple[int, Any]] = {}
+        self._inflight: dict[int, list] = {}  # id(so) -> [step, so, hand-off seq or None]
         self._closed = False
+        self._installed = False
+        self._wrap_schedule = wrap_schedule
+        self.receipts = receipts
         self.paused = False
+        self.redacted = bool(writer_options.get("redact_prompts"))
+        state = worker_state(scheduler) if install else None
+        mid = bool(state["requests"] or state["finished_ids"]) if install else None
         manifest = {
             "vllm_version": _vllm_version(),
             "engine": engine_settings(scheduler),
@@ -48,21 +82,46 @@ class Recorder:
                 "unknown_fields": {k: v for k, v in self.fields.drift.items() if v},
                 "missing_fields": {k: v for k, v in self.fields.missing.items() if v},
             },
+            "started_by": started_by,
             # A worker attached mid-stream already holds requests we never saw introduced.
-            "attached_mid_stream": bool(getattr(scheduler, "requests", None)),
+            "attached_mid_stream": mid,
+            "worker_state_at_start": state,
+            "worker_replayable": not self.redacted and not mid,
+            **(manifest_extra or {}),
         }
         self.writer = TraceWriter(trace_dir, manifest, dp_rank=dp_rank(scheduler), **writer_options)
         self.path = self.writer.dir
-        self._originals = {name: getattr(scheduler, name) for name in _WRAPPED}
+        if install:
+            self.install(_initial=True)
+
+    def install(self, _initial: bool = False) -> None:
+        """Put the wrappers on the scheduler: from here on every step is recorded. The plugin
+        calls this on the engine thread at a step boundary."""
+        s = self.scheduler
+        names = _WRAPPED if self._wrap_schedule else _WRAPPED[1:]
+        self._originals = {name: getattr(s, name) for name in names}
         # Someone else's instance-level wrapper (a test, another tool) is put back on close().
-        self._shadowed = {n: scheduler.__dict__[n] for n in _WRAPPED if n in scheduler.__dict__}
-        scheduler.schedule = self._schedule
-        scheduler.update_from_output = self._update_from_output
-        scheduler.finish_requests = self._finish_requests
+        self._shadowed = {n: s.__dict__[n] for n in names if n in s.__dict__}
+        if self._wrap_schedule:
+            s.schedule = self._schedule
+        s.update_from_output = self._update_from_output
+        s.finish_requests = self._finish_requests
+        self._installed = True
+        if not _initial:
+            state = worker_state(s)
+            mid = bool(state["requests"] or state["finished_ids"])
+            self.writer.update_manifest(
+                attached_mid_stream=mid, worker_state_at_start=state,
+                worker_replayable=not self.redacted and not mid,
+                recording_started_at=time.time())
 
     @property
     def active(self) -> bool:
         return not (self.paused or self._closed or self.writer.failed)
+
+    @property
+    def failed(self) -> bool:
+        return self.writer.failed
 
     def pause(self) -> None:
         """Stop recording at the next step boundary; the trace records the gap."""
@@ -76,14 +135,17 @@ class Recorder:
         return self.writer.flush(timeout)
 
     def _disable(self, e: BaseException) -> None:
-        log.error("vllm-contract: recording disabled: %s: %s", type(e).__name__, e)
-        self.writer.failed = True
-        self.writer._note_error(e)
+        if not self.writer.failed:
+            log.error("vllm-contract: recording disabled: %s: %s", type(e).__name__, e)
+        self.writer.fail(e)
 
-    # The three wrappers: the original call first and always; recording only after it.
+    # The wrappers: the original call first and always; recording only after it.
     def _schedule(self, *args: Any, **kwargs: Any) -> Any:
+        return self.record_schedule(self._originals["schedule"], args, kwargs)
+
+    def record_schedule(self, original: Any, args: tuple, kwargs: dict) -> Any:
         t0 = time.perf_counter_ns()
-        out = self._originals["schedule"](*args, **kwargs)
+        out = original(*args, **kwargs)
         if self.active:
             try:
                 t1 = time.perf_counter_ns()
@@ -93,11 +155,27 @@ class Recorder:
                 step = self.step
                 self.step += 1
                 # A dropped step (writer behind) keeps no model output either: no orphan rows.
-                if self.writer.submit("schedule", step, time.time_ns(), t1 - t0, state, snap):
-                    self._inflight[id(out)] = (step, out)
+                if self.writer.submit("schedule", step, time.time_ns(), t1 - t0, state, snap,
+                                      cost=_cost(snap)):
+                    self._inflight[id(out)] = [step, out, None]
             except Exception as e:
                 self._disable(e)
         return out
+
+    def note_executed(self, scheduler_output: Any, seq: int) -> None:
+        """The engine hands this step's output to its executor (hand-off number `seq`)."""
+        if not self.active:
+            return
+        try:
+            entry = self._inflight.get(id(scheduler_output))
+            if entry is None or entry[1] is not scheduler_output:
+                return
+            entry[2] = seq
+            self.writer.submit("transport", entry[0], [(
+                "executed", None, seq, time.time_ns(),
+                scheduler_output.total_num_scheduled_tokens)])
+        except Exception as e:
+            self._disable(e)
 
     def _update_from_output(self, scheduler_output: Any, model_runner_output: Any, *a: Any,
                             **kw: Any) -> Any:
@@ -117,9 +195,15 @@ class Recorder:
                             for eco in out.values() for o in eco.outputs
                             if o.finish_reason is not None]
                 self.writer.submit("update", entry[0], time.time_ns(), t1 - t0, m, finishes)
+                if self.receipts is not None:
+                    self._submit_receipts(self.receipts.collect(entry[0], entry[2]))
             except Exception as e:
                 self._disable(e)
         return out
+
+    def _submit_receipts(self, by_step: dict) -> None:
+        for step, rows in by_step.items():
+            self.writer.submit("transport", step, rows)
 
     def _finish_requests(self, *args: Any, **kwargs: Any) -> Any:
         out = self._originals["finish_requests"](*args, **kwargs)
@@ -133,16 +217,25 @@ class Recorder:
                 self._disable(e)
         return out
 
-    def close(self) -> None:
+    def close(self, wait: bool = True, timeout: float = 30.0) -> bool:
+        """Take the wrappers off and seal the trace. wait=False returns at once (the engine
+        thread never waits for the disk); the writer finishes on its own. Returns whether the
+        writer has finished."""
         if self._closed:
-            return
+            return self.writer.wait_closed(timeout) if wait else not self.writer._thread.is_alive()
+        if self.receipts is not None and self.active:
+            try:  # receipts of workers that lagged behind the last update
+                self._submit_receipts(self.receipts.collect(None, None))
+            except Exception as e:
+                self._disable(e)
         self._closed = True
-        for name in _WRAPPED:
-            if name in self._shadowed:
-                setattr(self.scheduler, name, self._shadowed[name])
-            else:
-                self.scheduler.__dict__.pop(name, None)
-        self.writer.close()
+        if self._installed:
+            for name in self._originals:
+                if name in self._shadowed:
+                    setattr(self.scheduler, name, self._shadowed[name])
+                else:
+                    self.scheduler.__dict__.pop(name, None)
+        return self.writer.close(timeout, wait=wait)
 
     def __enter__(self) -> "Recorder":
         return self
@@ -154,5 +247,5 @@ class Recorder:
 def attach(scheduler: Any, trace_dir: str | os.PathLike, **writer_options: Any) -> Recorder:
     """Record every step of an in-process `scheduler` into `trace_dir`; returns a handle with
     close() that is also a context manager. Options: flush_steps, flush_seconds, segment_bytes,
-    max_pending, pickle_opaque."""
+    max_pending, max_pending_bytes, on_full, max_trace_bytes, redact_prompts, pickle_opaque."""
     return Recorder(scheduler, trace_dir, **writer_options)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+from array import array
 from typing import Any
 
 import pyarrow as pa
@@ -12,10 +14,23 @@ from vllm_contract.plain import dumps
 from vllm_contract.recorder.columns import Column, FlatListColumn
 
 
+# Token lists that carry the prompt: left out (NULL) when prompts are redacted.
+REDACTED_FIELDS = ("prompt_token_ids", "prefill_token_ids", "all_token_ids")
+
+
+def token_hash(ids) -> str:
+    """Hex SHA-256 of token ids as little-endian int64: what the `redacted` table stores."""
+    a = array("q", ids)
+    if array("h", [1]).tobytes() != b"\x01\x00":  # big-endian host
+        a.byteswap()
+    return hashlib.sha256(a.tobytes()).hexdigest()
+
+
 class Columns:
     """Column buffers for every table; drained into one record batch per table."""
 
-    def __init__(self) -> None:
+    def __init__(self, redact_prompts: bool = False) -> None:
+        self.redact = redact_prompts
         self.cols = {t: {f.name: Column(f.type) for f in schema.schema(t)}
                      for t in schema.TABLE_NAMES}
         self.cols["model_outputs"]["sampled_token_ids"] = FlatListColumn(
@@ -63,6 +78,9 @@ class Columns:
                   pending_structured_output_tokens=flags[1], has_sync_kv_loads=flags[2],
                   num_spec_tokens_to_schedule=flags[3])
 
+        at = s["all_token_ids"]
+        if at and self.redact:
+            at = {rid: self._tokens(step, rid, "all_token_ids", v) for rid, v in at.items()}
         c = self.cols["scheduled"]
         named = set()
         for pos, item in enumerate(new):
@@ -72,7 +90,8 @@ class Columns:
                       resumed=False, num_scheduled_tokens=nst.get(r.req_id),
                       num_computed_tokens=r.num_computed_tokens, new_block_ids=item["block_ids"],
                       spec_token_ids=spec.get(r.req_id), num_invalid_spec_tokens=(inv or {}).get(r.req_id),
-                      encoder_inputs=enc.get(r.req_id), all_token_ids=s["all_token_ids"].get(r.req_id))
+                      encoder_inputs=enc.get(r.req_id),
+                      all_token_ids=at.get(r.req_id))
             self._request(step, pos, r, item)
 
         # Cached requests arrive column-wise already: whole columns, and runs for the columns
@@ -102,7 +121,6 @@ class Columns:
             c["new_token_ids"].extend(ntok[:n] + [None] * (n - len(ntok[:n])))
         else:
             c["new_token_ids"].repeat(None, n)
-        at = s["all_token_ids"]
         for name, d in (("all_token_ids", at), ("spec_token_ids", spec),
                         ("num_invalid_spec_tokens", inv), ("encoder_inputs", enc)):
             if d:
@@ -131,11 +149,19 @@ class Columns:
         self._extra(step, "SchedulerOutput", None, s["extra"])
         self._extra(step, "CachedRequestData", None, s["cached_extra"])
 
+    def _tokens(self, step: int, req_id: str, field: str, ids):
+        """ids, or with redaction None and a `redacted` row (length and hash)."""
+        if not self.redact or ids is None:
+            return ids
+        self._add("redacted", step=step, req_id=req_id, field=field, length=len(ids),
+                  sha256=token_hash(ids))
+        return None
+
     def _request(self, step: int, pos: int, r: Any, item: dict) -> None:
         embeds = getattr(r, "prompt_embeds", None)
         prompt = r.prompt_token_ids
         self._add("requests", step=step, req_id=r.req_id, pos=pos,
-                  prompt_token_ids=prompt,
+                  prompt_token_ids=self._tokens(step, r.req_id, "prompt_token_ids", prompt),
                   prompt_len=len(prompt) if prompt is not None else (
                       int(embeds.shape[0]) if embeds is not None else 0),
                   sampling_params=dumps(r.sampling_params),
@@ -144,7 +170,8 @@ class Columns:
                   mm_features=dumps(getattr(r, "mm_features", None) or None),
                   prompt_embeds=dumps(embeds),
                   prompt_is_token_ids=getattr(r, "prompt_is_token_ids", None),
-                  prefill_token_ids=getattr(r, "prefill_token_ids", None),
+                  prefill_token_ids=self._tokens(step, r.req_id, "prefill_token_ids",
+                                                 getattr(r, "prefill_token_ids", None)),
                   replay_start=getattr(r, "replay_start", None))
         for pos, f in enumerate(getattr(r, "mm_features", None) or ()):
             where = getattr(f, "mm_position", None)
@@ -184,3 +211,8 @@ class Columns:
             self._add("finish_events", step=step, req_id=rid, reason=reason, source=source,
                       t_ns=t_ns)
 
+
+    def add_transport(self, step: int, rows: list) -> None:
+        for event, worker, seq, t_ns, tokens in rows:
+            self._add("transport", step=step, event=event, worker=worker, seq=seq, t_ns=t_ns,
+                      num_scheduled_tokens=tokens)

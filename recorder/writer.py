@@ -1,8 +1,10 @@
 """The background writer: takes snapshots from a queue, turns them into Arrow batches and writes
 segments, flushing every `flush_steps` steps or `flush_seconds`, whichever comes first.
 
-The engine never waits for it: the recorder counts the steps pending and drops (and records the
-gap) beyond `max_pending` steps. Any exception here disables
+The engine never waits for it: the recorder counts the steps pending (and their estimated bytes)
+and drops, recording the gap, beyond `max_pending` steps or `max_pending_bytes`; only
+`on_full="block"` makes the engine wait instead. With `max_trace_bytes` the oldest closed segments
+are deleted to stay under it, and their steps are listed as a gap. Any exception here disables
 recording with one log line and a note in the manifest; it never reaches the engine.
 """
 
@@ -18,7 +20,7 @@ from pathlib import Path
 
 from vllm_contract import schema
 from vllm_contract.recorder.columns import warm_up
-from vllm_contract.recorder.rows import Columns
+from vllm_contract.recorder.rows import REDACTED_FIELDS, Columns
 from vllm_contract.recorder.segments import SegmentSet, write_json_atomic
 
 log = logging.getLogger("vllm_contract.recorder")
@@ -48,7 +50,14 @@ class TraceWriter:
     def __init__(self, trace_dir: str | os.PathLike, manifest: dict, *, dp_rank: int = 0,
                  flush_steps: int = 64, flush_seconds: float = 1.0,
                  segment_bytes: int = 64 << 20, max_pending: int = 16384,
+                 max_pending_bytes: int = 256 << 20, max_trace_bytes: int | None = None,
+                 on_full: str = "drop", redact_prompts: bool = False,
                  pickle_opaque: bool = False) -> None:
+        if on_full not in ("drop", "block"):
+            raise ValueError(f"on_full={on_full!r}: use 'drop' or 'block'")
+        if max_trace_bytes:
+            # At least four segments fit: pruning deletes whole closed segments.
+            segment_bytes = max(1, min(segment_bytes, max_trace_bytes // 4))
         host = socket.gethostname()
         pid = os.getpid()
         self.dir = _new_engine_dir(Path(trace_dir), engine_dir_name(host, pid, dp_rank))
@@ -58,20 +67,37 @@ class TraceWriter:
             "started_at": time.time(), "ended_at": None, "closed_cleanly": False,
             "recorder_errors": [], "steps_recorded": 0, "dropped_steps": [],
             "pickled_opaque": pickle_opaque,
+            "redacted_prompts": redact_prompts,
+            "writer": {"flush_steps": flush_steps, "flush_seconds": flush_seconds,
+                       "segment_bytes": segment_bytes, "max_trace_bytes": max_trace_bytes,
+                       "max_pending": max_pending, "max_pending_bytes": max_pending_bytes,
+                       "on_full": on_full},
             **manifest,
         }
+        if redact_prompts:
+            self.manifest["redaction"] = {
+                "fields": list(REDACTED_FIELDS),
+                "hash": "sha256 of the token ids as little-endian int64 (table `redacted`)",
+            }
+            self.manifest["worker_replayable"] = False
         self.flush_steps = flush_steps
         self.flush_seconds = flush_seconds
         self.max_pending = max_pending
+        self.max_pending_bytes = max_pending_bytes
+        self.max_trace_bytes = max_trace_bytes
+        self.block_when_full = on_full == "block"
         self.failed = False
-        # Each counter has one writing thread, so neither needs a lock: pending = submitted - taken.
+        # Each counter has one writing thread, so none needs a lock: pending = submitted - taken.
         self.submitted = 0  # engine thread
         self.taken = 0  # writer thread
+        self.submitted_bytes = 0  # engine thread: estimated bytes of the snapshots queued
+        self.taken_bytes = 0  # writer thread
         self._dropping_from: int | None = None
         self._last_drop = -1
-        self._cols = Columns()
+        self._cols = Columns(redact_prompts=redact_prompts)
         self._items: deque = deque()  # append/popleft are atomic
         self._wake = threading.Event()
+        self._stopping = False
         self._segments = SegmentSet(self.dir, segment_bytes)
         warm_up()
         self._write_manifest()
@@ -79,19 +105,43 @@ class TraceWriter:
         self._thread.start()
 
     # -- engine thread -------------------------------------------------------------------------
-    def submit(self, kind: str, step: int, *payload) -> bool:
+    def submit(self, kind: str, step: int, *payload, cost: int = 0) -> bool:
         """Queue a snapshot. The writer is woken once per flush_steps steps, not per step: every
-        wake-up costs the engine a GIL hand-over."""
+        wake-up costs the engine a GIL hand-over. A schedule snapshot over the budget (steps or
+        estimated bytes pending) is dropped, or with on_full="block" waited for."""
         if kind == "schedule":
             pending = self.submitted - self.taken
-            if pending >= self.max_pending:
-                self._items.append(("drop", step))
-                return False
+            if (pending >= self.max_pending
+                    or self.submitted_bytes - self.taken_bytes + cost > self.max_pending_bytes):
+                if not (self.block_when_full and self._wait_for_room(cost)):
+                    self._items.append(("drop", step))
+                    return False
+                pending = self.submitted - self.taken
             self.submitted += 1
+            self.submitted_bytes += cost
+            self._items.append((kind, step, cost, *payload))
             if pending + 1 >= self.flush_steps:
                 self._wake.set()
+            return True
         self._items.append((kind, step, *payload))
         return True
+
+    def _wait_for_room(self, cost: int) -> bool:
+        """on_full="block": the engine waits for the writer (never for a dead one)."""
+        while (self.submitted - self.taken >= self.max_pending
+               or self.submitted_bytes - self.taken_bytes + cost > self.max_pending_bytes):
+            if self.failed or self._stopping or not self._thread.is_alive():
+                return False
+            if self.submitted == self.taken:  # one snapshot larger than the whole budget
+                return True
+            self._wake.set()
+            time.sleep(0.0005)
+        return True
+
+    def update_manifest(self, **values) -> None:
+        """Merge keys into the manifest; written by the writer thread, never the engine's."""
+        self._items.append(("manifest", -1, values))
+        self._wake.set()
 
     def flush(self, timeout: float = 30.0) -> bool:
         """Block until everything submitted so far is written; False on timeout or failure."""
@@ -100,10 +150,19 @@ class TraceWriter:
         self._wake.set()
         return done.wait(timeout) and not self.failed
 
-    def close(self, timeout: float = 30.0) -> None:
-        self._items.append(_STOP)
-        self._wake.set()
+    def close(self, timeout: float = 30.0, wait: bool = True) -> bool:
+        """Write what is queued, close the segments and the manifest. With wait=False the writer
+        thread finishes on its own (the engine thread never waits for disk); wait_closed() joins.
+        Returns whether the writer has finished."""
+        if not self._stopping:
+            self._stopping = True
+            self._items.append(_STOP)
+            self._wake.set()
+        return self.wait_closed(timeout) if wait else not self._thread.is_alive()
+
+    def wait_closed(self, timeout: float = 30.0) -> bool:
         self._thread.join(timeout)
+        return not self._thread.is_alive()
 
     # -- writer thread -------------------------------------------------------------------------
     def _run(self) -> None:
@@ -121,6 +180,11 @@ class TraceWriter:
                     return
                 if item[0] == "barrier":
                     barriers.append(item[2])
+                elif item[0] in ("manifest", "error"):  # also after a failure: the note counts
+                    try:
+                        self._take(item)
+                    except Exception as e:
+                        log.error("vllm-contract: cannot update the manifest: %s", e)
                 elif not self.failed:
                     try:
                         self._take(item)
@@ -143,13 +207,22 @@ class TraceWriter:
         kind, step = item[0], item[1]
         if kind == "schedule":
             self.taken += 1
+            self.taken_bytes += item[2]
             self._end_gap(step)
-            self._cols.add_schedule(step, *item[2:])
+            self._cols.add_schedule(step, *item[3:])
             self.manifest["steps_recorded"] += 1
         elif kind == "update":
             self._cols.add_update(step, *item[2:])
         elif kind == "finish":
             self._cols.add_finishes(step, *item[2:])
+        elif kind == "transport":
+            self._cols.add_transport(step, *item[2:])
+        elif kind == "manifest":
+            self.manifest.update(item[2])
+            self._write_manifest()
+        elif kind == "error":
+            self.manifest["recorder_errors"].append({"time": item[3], "error": item[2]})
+            self._write_manifest()
         elif kind == "drop":
             self._last_drop = step
             if self._dropping_from is None:
@@ -161,12 +234,37 @@ class TraceWriter:
 
     def _end_gap(self, step: int) -> None:
         if self._dropping_from is not None:
-            self.manifest["dropped_steps"].append([self._dropping_from, step - 1])
+            self._add_gap(self._dropping_from, step - 1)
             self._dropping_from = None
+
+    def _add_gap(self, first: int, last: int) -> None:
+        gaps = self.manifest["dropped_steps"]
+        gaps.append([first, last])
+        gaps.sort()
 
     def _flush(self) -> None:
         if any(self._cols.rows(t) for t in schema.TABLE_NAMES):
-            self._segments.write(self._cols.drain())
+            if self._segments.write(self._cols.drain()) and self.max_trace_bytes:
+                self._prune()
+
+    def _prune(self) -> None:
+        """Delete the oldest closed segments until the trace fits in max_trace_bytes; their
+        steps become a gap in dropped_steps (details in pruned_segments)."""
+        pruned = self._segments.prune(self.max_trace_bytes)
+        if not pruned:
+            return
+        log_first = "pruned_segments" not in self.manifest
+        for seg in pruned:
+            self.manifest.setdefault("pruned_segments", []).append(seg)
+            if seg["steps"] is not None:
+                first, last = seg["steps"]
+                self._add_gap(first, last)
+                self.manifest["dropped_steps_total"] = (
+                    self.manifest.get("dropped_steps_total", 0) + last - first + 1)
+        if log_first:
+            log.warning("vllm-contract: trace reached max_trace_bytes (%d); deleting the oldest "
+                        "segments (gaps are listed in the manifest)", self.max_trace_bytes)
+        self._write_manifest()
 
     def _finish(self) -> None:
         try:
@@ -183,6 +281,15 @@ class TraceWriter:
             self.manifest["ended_at"] = time.time()
             self.manifest["closed_cleanly"] = not self.failed
             self._write_manifest()
+
+    def fail(self, e: BaseException) -> None:
+        """From the engine thread: recording is disabled; the writer notes why in the manifest
+        (and writes it at once, so that a crash later does not lose the note)."""
+        if self.failed:
+            return
+        self.failed = True
+        self._items.append(("error", -1, f"{type(e).__name__}: {e}", time.time()))
+        self._wake.set()
 
     def _fail(self, e: BaseException) -> None:
         self.failed = True
