@@ -53,7 +53,7 @@ def run(gateway: Gateway, invariants: list[Invariant],
     skipped: dict[str, str] = {}
     ran: list[str] = []
     views = set(gateway.views)
-    derived = {"engines", "dropped", "lifeline"}
+    derived = {"engines", "dropped", "lifeline", "instances"}
     for n, inv in enumerate(invariants):
         if progress:
             progress(n, len(invariants), inv.id)

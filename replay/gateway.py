@@ -30,6 +30,23 @@ ENGINES_SCHEMA = pa.schema([
 DROPPED_SCHEMA = pa.schema([pa.field("engine", pa.string()), pa.field("first_step", pa.int64()),
                             pa.field("last_step", pa.int64())])
 
+# A request instance: an id from its introduction to the next introduction of the same id.
+# freed_step: the first step whose finished_req_ids carries it (a delivery in the very step of
+# the next introduction belongs to this instance: the worker frees before it adds).
+INSTANCES_SQL = """
+CREATE VIEW instances AS
+WITH intro AS (
+    SELECT engine, req_id, step AS intro_step,
+           LEAD(step) OVER (PARTITION BY engine, req_id ORDER BY step) AS next_intro_step
+    FROM requests
+)
+SELECT i.engine, i.req_id, i.intro_step, i.next_intro_step, MIN(f.step) AS freed_step
+FROM intro i
+LEFT JOIN finished f ON f.engine = i.engine AND f.req_id = i.req_id AND f.step > i.intro_step
+     AND (i.next_intro_step IS NULL OR f.step <= i.next_intro_step)
+GROUP BY i.engine, i.req_id, i.intro_step, i.next_intro_step
+"""
+
 LIFELINE_SQL = """
 CREATE VIEW lifeline AS
 WITH intro AS (
@@ -74,6 +91,8 @@ VIEW_DOCS = {
     **{name: doc for name, (doc, _) in schema.TABLES.items()},
     "engines": "One row per engine (from its manifest): the settings checks compare against.",
     "dropped": "One row per range of steps the recorder dropped (writer behind).",
+    "instances": "One row per request instance: engine, req_id, intro_step, next_intro_step (the "
+                 "id's next introduction), freed_step (the first finished_req_ids carrying it).",
     "lifeline": "One row per request instance (an id introduced at intro_step; a reused id is a new "
                 "instance): when it ran, how it ended, when its finish reached the worker.",
 }
@@ -132,6 +151,7 @@ class Gateway:
             for e in self.trace.engines for a, b in e.manifest.get("dropped_steps", [])])
         self.con.execute("CREATE VIEW engines AS SELECT * FROM _engines")
         self.con.execute("CREATE VIEW dropped AS SELECT * FROM _dropped")
+        self.con.execute(INSTANCES_SQL)
         self.con.execute(LIFELINE_SQL)
 
     def _register(self, name: str, sch: pa.Schema, rows: list[dict]) -> None:

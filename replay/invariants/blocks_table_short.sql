@@ -9,27 +9,36 @@
 -- note: a new request's block_ids and a resumed request's new_block_ids are the whole table;
 --       a cached request's new_block_ids are appended. Per KV cache group the table length is
 --       the blocks of all groups divided by the number of groups.
-WITH rows_ AS (
-    SELECT engine, step, req_id, kind, num_computed_tokens, num_scheduled_tokens,
-           CASE WHEN new_block_ids IS NULL OR CARDINALITY(new_block_ids) = 0 THEN 0
-                ELSE CARDINALITY(FLATTEN(new_block_ids)) / CARDINALITY(new_block_ids) END AS added,
+WITH alloc AS (
+    SELECT engine, step, req_id, kind,
+           CARDINALITY(FLATTEN(new_block_ids)) / CARDINALITY(new_block_ids) AS added
+    FROM scheduled
+    WHERE kind IS NOT NULL AND new_block_ids IS NOT NULL AND CARDINALITY(new_block_ids) > 0
+),
+segmented AS (
+    SELECT engine, step, req_id, kind, added,
            SUM(CASE WHEN kind IN ('new', 'resumed') THEN 1 ELSE 0 END) OVER (
                PARTITION BY engine, req_id ORDER BY step
-               ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS segment
-    FROM scheduled
-    WHERE kind IS NOT NULL AND num_scheduled_tokens IS NOT NULL
+               ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS segment,
+           LEAD(step) OVER (PARTITION BY engine, req_id ORDER BY step) AS next_alloc
+    FROM alloc
 ),
 tables_ AS (
-    SELECT engine, step, req_id, kind, num_computed_tokens, num_scheduled_tokens, segment,
+    -- only the (few) rows that change a table are windowed; every row then finds its table
+    SELECT engine, step, req_id, segment, next_alloc,
            SUM(added) OVER (
                PARTITION BY engine, req_id, segment ORDER BY step
                ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS table_len
-    FROM rows_
+    FROM segmented
+    WHERE segment > 0
 )
-SELECT t.engine, t.step, t.req_id,
+SELECT s.engine, s.step, s.req_id,
        'block table of ' || CAST(t.table_len AS VARCHAR) || ' blocks ('
        || CAST(t.table_len * e.block_size AS VARCHAR) || ' slots) for '
-       || CAST(t.num_computed_tokens + t.num_scheduled_tokens AS VARCHAR) || ' tokens' AS details
-FROM tables_ t JOIN engines e ON e.engine = t.engine
-WHERE t.segment > 0 AND e.block_size IS NOT NULL
-  AND t.table_len * e.block_size < t.num_computed_tokens + t.num_scheduled_tokens
+       || CAST(s.num_computed_tokens + s.num_scheduled_tokens AS VARCHAR) || ' tokens' AS details
+FROM scheduled s
+JOIN tables_ t ON t.engine = s.engine AND t.req_id = s.req_id AND s.step >= t.step
+     AND (t.next_alloc IS NULL OR s.step < t.next_alloc)
+JOIN engines e ON e.engine = s.engine
+WHERE s.kind IS NOT NULL AND s.num_scheduled_tokens IS NOT NULL AND e.block_size IS NOT NULL
+  AND t.table_len * e.block_size < s.num_computed_tokens + s.num_scheduled_tokens

@@ -13,17 +13,27 @@
 WITH ev AS (
     SELECT DISTINCT engine, req_id, step AS event_step FROM finish_events
 ),
-next_step AS (
-    SELECT e.engine, e.req_id, e.event_step, MIN(s.step) AS due_step
-    FROM ev e JOIN steps s ON s.engine = e.engine AND s.step > e.event_step
-    GROUP BY e.engine, e.req_id, e.event_step
+step_order AS (
+    SELECT engine, step, LEAD(step) OVER (PARTITION BY engine ORDER BY step) AS next_step
+    FROM steps
+),
+due AS (
+    -- events before the first recorded step (aborts at step -1) are due at the first step
+    SELECT e.engine, e.req_id, e.event_step,
+           CASE WHEN e.event_step < f.first_step THEN f.first_step ELSE o.next_step END
+               AS due_step
+    FROM ev e
+    JOIN (SELECT engine, MIN(step) AS first_step FROM steps GROUP BY engine) f
+         ON f.engine = e.engine
+    LEFT JOIN step_order o ON o.engine = e.engine AND o.step = e.event_step
 ),
 delivered AS (
-    SELECT n.engine, n.req_id, n.event_step, n.due_step, MIN(f.step) AS delivered_step
-    FROM next_step n
-    LEFT JOIN finished f ON f.engine = n.engine AND f.req_id = n.req_id
-         AND f.step > n.event_step
-    GROUP BY n.engine, n.req_id, n.event_step, n.due_step
+    SELECT d.engine, d.req_id, d.event_step, d.due_step, MIN(f.step) AS delivered_step
+    FROM due d
+    LEFT JOIN finished f ON f.engine = d.engine AND f.req_id = d.req_id
+         AND f.step > d.event_step
+    WHERE d.due_step IS NOT NULL
+    GROUP BY d.engine, d.req_id, d.event_step, d.due_step
 )
 SELECT engine, due_step AS step, req_id,
        'finished at step ' || CAST(event_step AS VARCHAR) || ', '

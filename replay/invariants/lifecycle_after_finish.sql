@@ -6,26 +6,10 @@
 -- relies_on: vllm/v1/worker/gpu_model_runner.py GPUModelRunner._update_states
 -- needs: scheduled, requests, finished
 -- columns: engine, step, req_id, details
-WITH ev AS (
-    SELECT engine, req_id, step, 1 AS ord, 'finish' AS what FROM finished
-    UNION ALL
-    SELECT engine, req_id, step, 2 AS ord, 'intro' AS what FROM requests
-    UNION ALL
-    SELECT engine, req_id, step, 3 AS ord, 'cached' AS what FROM scheduled
-    WHERE kind IN ('cached', 'resumed')
-),
-state AS (
-    SELECT engine, req_id, step, what,
-           MAX(CASE WHEN what = 'intro' THEN step END) OVER (
-               PARTITION BY engine, req_id ORDER BY step, ord
-               ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS last_intro,
-           MAX(CASE WHEN what = 'finish' THEN step END) OVER (
-               PARTITION BY engine, req_id ORDER BY step, ord
-               ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS last_finish
-    FROM ev
-)
-SELECT engine, step, req_id,
-       'freed by finished_req_ids at step ' || CAST(last_finish AS VARCHAR)
-       || ', introduced at step ' || CAST(last_intro AS VARCHAR) AS details
-FROM state
-WHERE what = 'cached' AND last_finish > last_intro AND last_finish < step
+SELECT s.engine, s.step, s.req_id,
+       'freed by finished_req_ids at step ' || CAST(i.freed_step AS VARCHAR)
+       || ', introduced at step ' || CAST(i.intro_step AS VARCHAR) AS details
+FROM scheduled s
+JOIN instances i ON i.engine = s.engine AND i.req_id = s.req_id AND s.step >= i.intro_step
+     AND (i.next_intro_step IS NULL OR s.step < i.next_intro_step)
+WHERE s.kind IN ('cached', 'resumed') AND i.freed_step < s.step

@@ -7,27 +7,23 @@
 -- needs: scheduled, requests, finished
 -- columns: engine, step, req_id, details
 -- note: a trace started by attaching to a running engine (engines.attached_mid_stream) began with
---       requests already introduced; those are not blamed.
-WITH ev AS (
-    SELECT engine, req_id, step, 1 AS ord, 'finish' AS what FROM finished
-    UNION ALL
-    SELECT engine, req_id, step, 2 AS ord, 'intro' AS what FROM requests
-    UNION ALL
-    SELECT engine, req_id, step, 3 AS ord, 'cached' AS what FROM scheduled
-    WHERE kind IN ('cached', 'resumed')
+--       requests already introduced; those are not blamed unless their id was freed before.
+WITH cached AS (
+    SELECT engine, step, req_id FROM scheduled WHERE kind IN ('cached', 'resumed')
 ),
-state AS (
-    SELECT engine, req_id, step, what,
-           MAX(CASE WHEN what = 'intro' THEN step END) OVER (
-               PARTITION BY engine, req_id ORDER BY step, ord
-               ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS last_intro,
-           MAX(CASE WHEN what = 'finish' THEN step END) OVER (
-               PARTITION BY engine, req_id ORDER BY step, ord
-               ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS last_finish
-    FROM ev
+freed_before AS (
+    SELECT DISTINCT c.engine, c.step, c.req_id
+    FROM cached c
+    JOIN finished f ON f.engine = c.engine AND f.req_id = c.req_id AND f.step <= c.step
+    LEFT JOIN (SELECT engine, req_id, MIN(intro_step) AS first_intro FROM instances
+               GROUP BY engine, req_id) i ON i.engine = c.engine AND i.req_id = c.req_id
+    WHERE i.first_intro IS NULL OR i.first_intro > c.step
 )
-SELECT s.engine, s.step, s.req_id,
+SELECT c.engine, c.step, c.req_id,
        'scheduled as cached but never introduced in scheduled_new_reqs' AS details
-FROM state s JOIN engines e ON e.engine = s.engine
-WHERE s.what = 'cached' AND s.last_intro IS NULL
-  AND NOT (e.attached_mid_stream AND s.last_finish IS NULL)
+FROM cached c
+JOIN engines e ON e.engine = c.engine
+LEFT JOIN instances i ON i.engine = c.engine AND i.req_id = c.req_id AND c.step >= i.intro_step
+     AND (i.next_intro_step IS NULL OR c.step < i.next_intro_step)
+LEFT JOIN freed_before b ON b.engine = c.engine AND b.step = c.step AND b.req_id = c.req_id
+WHERE i.req_id IS NULL AND (NOT e.attached_mid_stream OR b.req_id IS NOT NULL)

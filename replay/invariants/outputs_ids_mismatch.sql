@@ -9,19 +9,19 @@
 WITH sched AS (
     SELECT engine, step, req_id FROM scheduled WHERE num_scheduled_tokens IS NOT NULL
 ),
-outs AS (
-    SELECT m.engine, m.step, m.req_id FROM model_outputs m
-),
 updated AS (
     SELECT DISTINCT engine, step FROM updates
+),
+both_ AS (
+    SELECT COALESCE(s.engine, m.engine) AS engine, COALESCE(s.step, m.step) AS step,
+           COALESCE(s.req_id, m.req_id) AS req_id, s.req_id AS sched_id, m.req_id AS out_id
+    FROM sched s
+    FULL OUTER JOIN model_outputs m
+         ON m.engine = s.engine AND m.step = s.step AND m.req_id = s.req_id
+    WHERE s.req_id IS NULL OR m.req_id IS NULL
 )
-SELECT s.engine, s.step, s.req_id, 'scheduled but missing from the model output' AS details
-FROM sched s
-JOIN updated u ON u.engine = s.engine AND u.step = s.step
-LEFT JOIN outs o ON o.engine = s.engine AND o.step = s.step AND o.req_id = s.req_id
-WHERE o.req_id IS NULL
-UNION ALL
-SELECT o.engine, o.step, o.req_id, 'in the model output but not scheduled' AS details
-FROM outs o
-LEFT JOIN sched s ON s.engine = o.engine AND s.step = o.step AND s.req_id = o.req_id
-WHERE s.req_id IS NULL
+SELECT b.engine, b.step, b.req_id,
+       CASE WHEN b.out_id IS NULL THEN 'scheduled but missing from the model output'
+            ELSE 'in the model output but not scheduled' END AS details
+FROM both_ b
+JOIN updated u ON u.engine = b.engine AND u.step = b.step

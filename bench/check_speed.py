@@ -1,0 +1,167 @@
+"""How fast is the invariant catalog on a large trace, and at what memory?
+
+1. Generate a contract-respecting trace (bench/gen_trace.py), check that the catalog finds no
+   error and no warning on it (the generator and the checker validate each other).
+2. Time DuckDB merely scanning the columns the checks read; time the full catalog; both in a
+   fresh subprocess whose peak RSS is reported. Target: catalog <= 3x scan, peak <= 8 GB.
+3. On a subset trace: a straightforward Python loop over the rows checking nine core invariants
+   against the SQL catalog restricted to the same nine. Target: SQL >= 20x faster.
+
+Usage: python bench/check_speed.py [--steps 1000000] [--subset-steps 20000] [--keep DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+SAME = ["tokens.total_mismatch", "tokens.nonpositive", "tokens.duplicate_request",
+        "lifecycle.unknown_cached", "lifecycle.scheduled_after_finish", "finished.and_scheduled",
+        "finished.leaked", "computed.progress", "outputs.ids_mismatch"]
+
+SCAN = """
+SELECT COUNT(*), MAX(step), MAX(req_id), MAX(kind), MAX(pos), MAX(resumed),
+       MAX(num_scheduled_tokens), MAX(num_computed_tokens), MAX(num_output_tokens),
+       MAX(CARDINALITY(new_block_ids)), MAX(CARDINALITY(spec_token_ids)),
+       MAX(CARDINALITY(encoder_inputs)) FROM scheduled;
+SELECT COUNT(*), MAX(step), MAX(req_id), MAX(CARDINALITY(sampled_token_ids)) FROM model_outputs;
+SELECT COUNT(*), MAX(step), MAX(total_num_scheduled_tokens), MAX(num_running),
+       MAX(num_waiting), MAX(num_new), MAX(num_cached) FROM steps;
+SELECT COUNT(*), MAX(step), MAX(req_id), MAX(prompt_len) FROM requests;
+SELECT COUNT(*), MAX(step), MAX(req_id) FROM finished;
+SELECT COUNT(*), MAX(step), MAX(req_id), MAX(reason) FROM finish_events;
+SELECT COUNT(*), MAX(step) FROM updates
+"""
+
+CHILD = """
+import json, resource, sys, time
+from vllm_contract.replay import catalog, checker
+from vllm_contract.replay.gateway import Gateway
+mode, path = sys.argv[1], sys.argv[2]
+t0 = time.perf_counter()
+with Gateway(path) as gw:
+    if mode == "scan":
+        for q in sys.argv[3].split(";"):
+            gw.sql(q)
+        out = {}
+    else:
+        only = sys.argv[3].split(",") if len(sys.argv) > 3 and sys.argv[3] else None
+        r = checker.run(gw, checker.select(catalog.load(), only))
+        out = {"findings": [f.to_dict() for f in r.findings], "ran": len(r.ran)}
+out["seconds"] = time.perf_counter() - t0
+out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+print(json.dumps(out))
+"""
+
+
+def child(mode: str, path: Path, arg: str = "") -> dict:
+    r = subprocess.run([sys.executable, "-c", CHILD, mode, str(path), arg], capture_output=True,
+                       text=True, check=True)
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def python_loop(path: Path) -> tuple[float, int]:
+    """The straightforward way: read every row into Python and walk the steps."""
+    from vllm_contract.replay.trace import open_trace
+
+    t0 = time.perf_counter()
+    t = open_trace(path)
+    by_step = defaultdict(lambda: defaultdict(list))
+    for table in ("steps", "scheduled", "requests", "finished", "finish_events", "model_outputs",
+                  "updates"):
+        for row in t.read(table).to_pylist():
+            by_step[row["step"]][table].append(row)
+    findings = 0
+    live: dict[str, int] = {}  # req_id -> intro step, for requests the worker holds
+    last: dict[str, tuple[int, int]] = {}  # req_id -> (computed + scheduled, step)
+    due: dict[str, tuple[int, int]] = {}  # req_id -> (event step, due step)
+    steps = sorted(s for s in by_step if by_step[s]["steps"])
+    for i, s in enumerate(steps):
+        d = by_step[s]
+        rows = d["scheduled"]
+        total = d["steps"][0]["total_num_scheduled_tokens"]
+        findings += total != sum(r["num_scheduled_tokens"] or 0 for r in rows)
+        findings += sum(1 for r in rows if (r["num_scheduled_tokens"] or 1) <= 0)
+        listed = [r["req_id"] for r in rows if r["kind"]]
+        findings += len(listed) - len(set(listed))
+        fin = {r["req_id"] for r in d["finished"]}
+        for rid, (ev, due_step) in list(due.items()):
+            if due_step == s:
+                findings += rid not in fin
+                del due[rid]
+        for rid in fin:
+            live.pop(rid, None)
+        for r in d["requests"]:
+            live[r["req_id"]] = s
+        for r in rows:
+            if r["kind"] in ("cached", "resumed"):
+                findings += r["req_id"] not in live
+                findings += r["req_id"] in fin
+                prev = last.get(r["req_id"])
+                if r["kind"] == "cached" and prev is not None:
+                    findings += prev[0] != r["num_computed_tokens"]
+            if r["kind"]:
+                last[r["req_id"]] = (r["num_computed_tokens"] + r["num_scheduled_tokens"], s)
+        outs = {m["req_id"] for m in d["model_outputs"]}
+        if d["updates"]:
+            findings += len(outs ^ {r["req_id"] for r in rows if r["num_scheduled_tokens"]})
+        nxt = steps[i + 1] if i + 1 < len(steps) else None
+        for e in d["finish_events"]:
+            if nxt is not None:
+                due[e["req_id"]] = (s, nxt)
+    return time.perf_counter() - t0, findings
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=1_000_000)
+    ap.add_argument("--subset-steps", type=int, default=20_000)
+    ap.add_argument("--keep", type=Path)
+    a = ap.parse_args()
+    sys.path.insert(0, str(HERE))
+    from gen_trace import generate
+
+    root = a.keep or Path(tempfile.mkdtemp(prefix="vllm-contract-check-"))
+    big, small = root / f"big-{a.steps}", root / f"small-{a.subset_steps}"
+    t0 = time.perf_counter()
+    if not (big / "engine=bench-0-dp0" / "manifest.json").exists():
+        generate(big, a.steps, 64, 20_000)
+    gen_s = time.perf_counter() - t0
+    generate(small, a.subset_steps, 64, 20_000)
+
+    scan = child("scan", big, SCAN)
+    full = child("check", big)
+    serious = [f for f in full["findings"] if f["severity"] in ("error", "warning")]
+    assert not serious, f"generated trace is not clean: {serious[:3]}"
+    sql_same = child("check", small, ",".join(SAME))
+    loop_s, loop_findings = python_loop(small)
+    assert loop_findings == 0, f"the Python loop found {loop_findings} breaks in a clean trace"
+
+    print(f"# invariant catalog speed, {time.strftime('%Y-%m-%d')}, {platform.node()}, "
+          f"{os.cpu_count()} cores")
+    print(f"\ntrace: {a.steps} steps x 64 requests ({a.steps * 64} scheduled rows), generated "
+          f"in {gen_s:.0f} s; {full['ran']} checks, no error or warning")
+    print("\n| measure | seconds | peak RSS MB | ratio | target |")
+    print("|---|---|---|---|---|")
+    print(f"| DuckDB scan of the checked columns | {scan['seconds']:.1f} | "
+          f"{scan['peak_rss_mb']:.0f} | 1 | |")
+    print(f"| full catalog ({full['ran']} checks) | {full['seconds']:.1f} | "
+          f"{full['peak_rss_mb']:.0f} | {full['seconds'] / scan['seconds']:.1f}x scan | "
+          "<= 3x scan, <= 8192 MB |")
+    print(f"| Python loop, {len(SAME)} invariants, {a.subset_steps} steps | {loop_s:.2f} | | | |")
+    print(f"| SQL, same {len(SAME)} invariants, same trace | {sql_same['seconds']:.2f} | "
+          f"{sql_same['peak_rss_mb']:.0f} | {loop_s / sql_same['seconds']:.1f}x faster | "
+          ">= 20x |")
+
+
+if __name__ == "__main__":
+    main()
