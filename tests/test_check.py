@@ -534,3 +534,26 @@ def test_catalog_docs_are_generated():
     root = Path(__file__).resolve().parents[1]
     assert (root / "docs" / "invariants.md").read_text() == catalog.markdown(catalog.load()), (
         "docs/invariants.md is stale: run `make docs`")
+
+
+def test_step_never_executed(tiny_model, tmp_path):
+    """A live engine's trace records each hand-off to the executor; a step with finished ids
+    that was never executed leaks them even though finished_req_ids carried them."""
+    scenarios.run("aborts", tiny_model, tmp_path)
+    steps = open_trace(tmp_path).read("steps").to_pylist()
+    skipped = next(s["step"] for s in steps[:-1] if s["num_finished"] > 0)
+    gone = {r["req_id"] for r in open_trace(tmp_path).read("finished").to_pylist()
+            if r["step"] == skipped}
+    edit(tmp_path, "transport", lambda rows: [
+        {"step": s["step"], "event": "executed", "worker": None, "seq": i + 1, "t_ns": 0,
+         "num_scheduled_tokens": s["total_num_scheduled_tokens"]}
+        for i, s in enumerate(steps) if s["step"] != skipped])
+    report = findings(tmp_path)
+    assert hits(report, "transport.not_executed") == [(skipped, None)]
+    assert gone <= {r for _, r in hits(report, "finished.leaked")}
+    # receipts: the worker got every hand-off but one
+    edit(tmp_path, "transport", lambda rows: rows + [
+        dict(r, event="received", worker=0) for r in rows if r["seq"] != 3])
+    lost = next(r["step"] for r in open_trace(tmp_path).read("transport").to_pylist()
+                if r["seq"] == 3)
+    assert hits(findings(tmp_path), "transport.not_received") == [(lost, None)]
