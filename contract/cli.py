@@ -51,10 +51,14 @@ def _fmt_ns(ns: int | None) -> str:
 def info(trace: Annotated[Path, typer.Argument(help="Trace directory (a root or one engine).")],
          format: Annotated[InfoFormat, typer.Option("--format", "-f")] = InfoFormat.table) -> None:
     """Manifest, step and request counts, time span, vLLM version, fields seen, integrity."""
+    from vllm_contract.replay.gateway import Gateway
     from vllm_contract.replay.summary import summary
 
     try:
-        s = summary(_open(trace))
+        t = _open(trace)
+        s = summary(t)
+        with Gateway(t) as gw:  # the SQL views `sql` and `check` see, all engines together
+            s["views"] = gw.counts()
     except TraceError as e:
         _fail(e)
     for e in s["engines"]:
@@ -82,6 +86,7 @@ def info(trace: Annotated[Path, typer.Argument(help="Trace directory (a root or 
             e["integrity"] + [f"{len(e['warnings'])} segment warning(s)"] * bool(e["warnings"]))
         typer.echo(f"integrity     {status}")
         typer.echo("")
+    typer.echo("views         " + "  ".join(f"{k}={v}" for k, v in s["views"].items()))
 
 
 @app.command()

@@ -557,3 +557,14 @@ def test_step_never_executed(tiny_model, tmp_path):
     lost = next(r["step"] for r in open_trace(tmp_path).read("transport").to_pylist()
                 if r["seq"] == 3)
     assert hits(findings(tmp_path), "transport.not_received") == [(lost, None)]
+
+
+def test_info_reports_view_counts(tiny_model, tmp_path):
+    scenarios.run("preemption", tiny_model, tmp_path)
+    r = CliRunner().invoke(app, ["info", str(tmp_path), "--format", "json"])
+    assert r.exit_code == 0
+    views = json.loads(r.stdout)["views"]
+    t = open_trace(tmp_path)
+    for table in schema.TABLE_NAMES:
+        assert views[table] == t.read(table).num_rows, table
+    assert views["lifeline"] == views["instances"] == 6 and views["engines"] == 1
