@@ -6,23 +6,21 @@
 -- relies_on: vllm/v1/core/sched/scheduler.py Scheduler._free_request
 -- needs: finished, requests
 -- columns: engine, step, req_id, details
-WITH ev AS (
-    SELECT engine, req_id, step, 1 AS ord, 'finish' AS what FROM finished
-    UNION ALL
-    SELECT engine, req_id, step, 2 AS ord, 'intro' AS what FROM requests
+WITH pairs AS (
+    -- each delivery with the delivery of the same id just before it
+    SELECT f.engine, f.req_id, f.step, MAX(p.step) AS prev_step
+    FROM finished f
+    JOIN finished p ON p.engine = f.engine AND p.req_id = f.req_id AND p.step < f.step
+    GROUP BY f.engine, f.req_id, f.step
 ),
-state AS (
-    SELECT engine, req_id, step, what,
-           MAX(CASE WHEN what = 'intro' THEN step END) OVER (
-               PARTITION BY engine, req_id ORDER BY step, ord
-               ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS last_intro,
-           MAX(CASE WHEN what = 'finish' THEN step END) OVER (
-               PARTITION BY engine, req_id ORDER BY step, ord
-               ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS last_finish
-    FROM ev
+reintroduced AS (
+    SELECT DISTINCT q.engine, q.req_id, q.step
+    FROM pairs q
+    JOIN requests r ON r.engine = q.engine AND r.req_id = q.req_id
+         AND r.step >= q.prev_step AND r.step < q.step
 )
-SELECT engine, step, req_id,
-       'already delivered at step ' || CAST(last_finish AS VARCHAR) AS details
-FROM state
-WHERE what = 'finish' AND last_finish IS NOT NULL
-  AND (last_intro IS NULL OR last_intro < last_finish)
+SELECT q.engine, q.step, q.req_id,
+       'already delivered at step ' || CAST(q.prev_step AS VARCHAR) AS details
+FROM pairs q
+LEFT JOIN reintroduced r ON r.engine = q.engine AND r.req_id = q.req_id AND r.step = q.step
+WHERE r.req_id IS NULL

@@ -9,30 +9,20 @@
 -- note: a streaming-input session (resumable request) is re-sent as new after each turn the
 --       engine finished (a finish event) without freeing it: that is a streaming update, not a
 --       break, and is not reported.
-WITH ev AS (
-    SELECT engine, req_id, step, 1 AS ord, 'finish' AS what FROM finished
-    UNION ALL
-    SELECT engine, req_id, step, 2 AS ord, 'intro' AS what FROM requests
-    UNION ALL
-    SELECT engine, req_id, step, 0 AS ord, 'event' AS what FROM finish_events
+WITH reintro AS (
+    -- an instance whose id is introduced again, and whether the worker had freed it by then
+    SELECT engine, req_id, intro_step, next_intro_step FROM instances
+    WHERE next_intro_step IS NOT NULL AND freed_step IS NULL
 ),
-state AS (
-    SELECT engine, req_id, step, what,
-           MAX(CASE WHEN what = 'intro' THEN step END) OVER (
-               PARTITION BY engine, req_id ORDER BY step, ord
-               ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS last_intro,
-           MAX(CASE WHEN what = 'finish' THEN step END) OVER (
-               PARTITION BY engine, req_id ORDER BY step, ord
-               ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS last_finish,
-           MAX(CASE WHEN what = 'event' THEN step END) OVER (
-               PARTITION BY engine, req_id ORDER BY step, ord
-               ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS last_event
-    FROM ev
+turns AS (
+    SELECT DISTINCT r.engine, r.req_id, r.intro_step
+    FROM reintro r
+    JOIN finish_events e ON e.engine = r.engine AND e.req_id = r.req_id
+         AND e.step >= r.intro_step AND e.step < r.next_intro_step
 )
-SELECT engine, step, req_id,
-       'introduced again while the instance from step ' || CAST(last_intro AS VARCHAR)
+SELECT r.engine, r.next_intro_step AS step, r.req_id,
+       'introduced again while the instance from step ' || CAST(r.intro_step AS VARCHAR)
        || ' is still held by the worker (never in finished_req_ids)' AS details
-FROM state
-WHERE what = 'intro' AND last_intro IS NOT NULL
-  AND (last_finish IS NULL OR last_finish <= last_intro)
-  AND (last_event IS NULL OR last_event < last_intro)
+FROM reintro r
+LEFT JOIN turns t ON t.engine = r.engine AND t.req_id = r.req_id AND t.intro_step = r.intro_step
+WHERE t.req_id IS NULL
