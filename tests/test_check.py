@@ -568,3 +568,16 @@ def test_info_reports_view_counts(tiny_model, tmp_path):
     for table in schema.TABLE_NAMES:
         assert views[table] == t.read(table).num_rows, table
     assert views["lifeline"] == views["instances"] == 6 and views["engines"] == 1
+
+
+def test_sql_interactive_prompt(tiny_model, tmp_path):
+    scenarios.run("aborts", tiny_model, tmp_path)
+    session = ("SELECT COUNT(*) AS n\n  FROM finished;\n.views\nSELECT nope;\n"
+               "SELECT req_id FROM lifeline WHERE req_id = 'a1';\n")
+    r = CliRunner().invoke(app, ["sql", str(tmp_path)], input=session)
+    assert r.exit_code == 0, r.stderr
+    n = open_trace(tmp_path).read("finished").num_rows
+    assert f"\n{n} " in r.stdout or f"\n{n}\n" in r.stdout
+    assert "lifeline" in r.stdout  # .views listed them
+    assert "SQL error" in r.stderr  # a bad statement does not end the session
+    assert "a1" in r.stdout
