@@ -224,7 +224,10 @@ class Recorder:
         if self._closed:
             return self.writer.wait_closed(timeout) if wait else not self.writer._thread.is_alive()
         if self.receipts is not None and self.active:
-            try:  # receipts of workers that lagged behind the last update
+            try:  # receipts owed by lagging workers, and of steps handed over but not updated
+                for step, _, seq in list(self._inflight.values()):
+                    if seq is not None:
+                        self._submit_receipts(self.receipts.collect(step, seq))
                 self._submit_receipts(self.receipts.collect(None, None))
             except Exception as e:
                 self._disable(e)
