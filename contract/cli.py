@@ -134,12 +134,7 @@ def demo(out: Annotated[Path, typer.Option(help="Where to write the trace.")] = 
 
 
 # Command groups in their own modules register on `app` when imported.
-for _module in ("vllm_contract.cli_live", "vllm_contract.cli_check"):
-    try:
-        __import__(_module)
-    except ModuleNotFoundError as _e:
-        if _e.name != _module:
-            raise
+from vllm_contract import cli_check, cli_live  # noqa: E402,F401
 
 
 def main() -> None:
