@@ -10,6 +10,7 @@ Protocol: one JSON object per line; one request, one answer, per connection.
   {"cmd": "info"}                                   -> {"ok": true, "pid": ..., "engines": [...]}
   {"cmd": "start", "out": DIR, "steps": N|null, "seconds": S|null, "options": {ENV: value}}
   {"cmd": "stop"}                                   -> {"ok": true, "engines": [{"path", "steps", ...}]}
+  {"cmd": "flush"}                                  -> once what was recorded so far is on disk
 """
 
 from __future__ import annotations
@@ -190,7 +191,7 @@ class ControlServer:
 
     def handle(self, req: dict) -> dict:
         from vllm_contract.recorder.armed import RecordingError
-        from vllm_contract.recorder.settings import SettingsError, writer_options
+        from vllm_contract.recorder.settings import LIVE_DEFAULTS, SettingsError, writer_options
 
         cmd = req.get("cmd")
         engines = self.engines()
@@ -203,7 +204,7 @@ class ControlServer:
             if not isinstance(out, str) or not os.path.isabs(out):
                 return {"ok": False, "error": f"start: 'out' must be an absolute path, got {out!r}"}
             try:
-                opts = writer_options(req.get("options") or {})
+                opts = {**LIVE_DEFAULTS, **writer_options(req.get("options") or {})}
             except SettingsError as e:
                 return {"ok": False, "error": str(e)}
             started, errors = [], []
@@ -218,6 +219,10 @@ class ControlServer:
             if not started:
                 return {"ok": False, "error": "; ".join(errors)}
             return {"ok": True, "engines": started, "errors": errors}
+        if cmd == "flush":  # everything recorded so far is on disk when this answers
+            done = [e.flush() for e in engines]
+            return {"ok": all(done), "engines": [{"index": e.index, "flushed": d}
+                                                 for e, d in zip(engines, done)]}
         if cmd == "stop":
             stopped, errors = [], []
             for e in engines:
