@@ -241,6 +241,7 @@ class Recorder:
             except Exception as e:
                 self._disable(e)
         self._closed = True
+        self._inflight.clear()  # outputs never answered: not ours to keep alive
         if self._installed:
             for name in self._originals:
                 if name in self._shadowed:

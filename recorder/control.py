@@ -203,6 +203,15 @@ class ControlServer:
             out = req.get("out")
             if not isinstance(out, str) or not os.path.isabs(out):
                 return {"ok": False, "error": f"start: 'out' must be an absolute path, got {out!r}"}
+            steps, seconds = req.get("steps"), req.get("seconds")
+            if steps is not None and (not isinstance(steps, int) or isinstance(steps, bool)
+                                      or steps < 1):
+                return {"ok": False, "error": f"start: 'steps' must be a whole number ≥ 1, "
+                                              f"got {steps!r}"}
+            if seconds is not None and (not isinstance(seconds, (int, float))
+                                        or isinstance(seconds, bool) or not seconds > 0):
+                return {"ok": False, "error": f"start: 'seconds' must be more than 0, "
+                                              f"got {seconds!r}"}
             try:
                 opts = {**LIVE_DEFAULTS, **writer_options(req.get("options") or {})}
             except SettingsError as e:
@@ -211,8 +220,7 @@ class ControlServer:
             for e in engines:
                 try:
                     rec = e.start(out, started_by="vllm-contract attach",
-                                  max_steps=req.get("steps"), max_seconds=req.get("seconds"),
-                                  **opts)
+                                  max_steps=steps, max_seconds=seconds, **opts)
                     started.append({"index": e.index, "path": str(rec.path)})
                 except (RecordingError, OSError) as err:
                     errors.append(f"engine {e.index}: {err}")

@@ -121,6 +121,8 @@ def from_env(environ: Mapping[str, str] | None = None) -> Settings:
     """Settings from the environment; SettingsError if any of them is unusable."""
     env = os.environ if environ is None else environ
     trace_dir = env.get(TRACE_DIR) or None
+    if trace_dir is not None:  # the engine core is a child process: the same cwd, but be sure
+        trace_dir = os.path.abspath(os.path.expanduser(trace_dir))
     arm = parse_bool(env.get(ARM, ""), ARM)
     opts = {**LIVE_DEFAULTS,
             **writer_options({k: env[k] for k in OPTIONS if env.get(k, "") != ""})}
