@@ -26,7 +26,6 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 from vllm_contract.recorder.settings import RUN_DIR
 
