@@ -12,7 +12,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Annotated, Optional
@@ -266,13 +265,13 @@ def attach(
     procs = _targets(pid)
     msg = {"cmd": "start", "out": str(out), "steps": steps, "seconds": seconds,
            "options": options}
-    started = []
+    started: list[tuple[dict, int]] = []
     for p in procs:
         reply = _ask(p, msg)
         for e in reply["engines"]:
             typer.echo(f"recording engine {p['pid']}#{e['index']} into {e['path']} "
                        f"(from its next step)")
-            started.append(p)
+            started.append((p, e["index"]))
         for warning in reply.get("errors") or ():
             _err(f"vllm-contract: warning: engine {p['pid']}: {warning}")
     if steps is None and seconds is None:
@@ -285,18 +284,23 @@ def attach(
     except KeyboardInterrupt:
         _err("")
         _err("vllm-contract: interrupted: detaching")
-        for p in started:
+        for p in {id(p): p for p, _ in started}.values():
             _report_stop(p, _ask(p, {"cmd": "stop"}))
         return
 
 
-def _wait_for_end(procs: list[dict], steps: Optional[int]) -> None:
+def _wait_for_end(started: list[tuple[dict, int]], steps: Optional[int]) -> None:
+    """Poll the engines this attach started until each recording has ended and been sealed."""
     last_line = ""
+    procs = {id(p): p for p, _ in started}
+    wanted = {(id(p), index) for p, index in started}
     while True:
         states, counts, lasts = [], 0, []
-        for p in procs:
+        for key, p in procs.items():
             info = _ask(p, {"cmd": "status"}, timeout=30)
             for e in info["engines"]:
+                if (key, e["index"]) not in wanted:
+                    continue
                 states.append(e["state"])
                 counts += e.get("steps") or 0
                 lasts.append(e.get("last"))

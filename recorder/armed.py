@@ -232,6 +232,12 @@ class ArmedEngine:
             time.sleep(0.005)
         return self._closed_result(rec, close_timeout)
 
+    def flush(self, timeout: float = 30.0) -> bool:
+        """Wait until what the running recording has taken so far is on disk (True when not
+        recording)."""
+        rec = self.recorder
+        return True if rec is None else rec.flush(timeout)
+
     def _closed_result(self, rec: Recorder, timeout: float) -> dict:
         done = rec.writer.wait_closed(timeout)
         m = rec.writer.manifest

@@ -170,10 +170,10 @@ class Recorder:
             entry = self._inflight.get(id(scheduler_output))
             if entry is None or entry[1] is not scheduler_output:
                 return
+            # Written with the step's update (one queue item less per step), or at close.
             entry[2] = seq
-            self.writer.submit("transport", entry[0], [(
-                "executed", None, seq, time.time_ns(),
-                scheduler_output.total_num_scheduled_tokens)])
+            entry.append(("executed", None, seq, time.time_ns(),
+                          scheduler_output.total_num_scheduled_tokens))
         except Exception as e:
             self._disable(e)
 
@@ -194,9 +194,15 @@ class Recorder:
                 finishes = [(o.request_id, o.finish_reason.name)
                             for eco in out.values() for o in eco.outputs
                             if o.finish_reason is not None]
-                self.writer.submit("update", entry[0], time.time_ns(), t1 - t0, m, finishes)
-                if self.receipts is not None:
-                    self._submit_receipts(self.receipts.collect(entry[0], entry[2]))
+                transport = entry[3:]
+                if self.receipts is not None and entry[2] is not None:
+                    for step, rows in self.receipts.collect(entry[0], entry[2]).items():
+                        if step == entry[0]:
+                            transport.extend(rows)
+                        else:  # a lagging worker's receipt of an earlier step
+                            self.writer.submit("transport", step, rows)
+                self.writer.submit("update", entry[0], time.time_ns(), t1 - t0, m, finishes,
+                                   transport)
             except Exception as e:
                 self._disable(e)
         return out
@@ -223,15 +229,19 @@ class Recorder:
         writer has finished."""
         if self._closed:
             return self.writer.wait_closed(timeout) if wait else not self.writer._thread.is_alive()
-        if self.receipts is not None and self.active:
-            try:  # receipts owed by lagging workers, and of steps handed over but not updated
-                for step, _, seq in list(self._inflight.values()):
+        if self.active:
+            try:  # steps handed over but never answered, and receipts owed by lagging workers
+                for step, _, seq, *executed in list(self._inflight.values()):
                     if seq is not None:
-                        self._submit_receipts(self.receipts.collect(step, seq))
-                self._submit_receipts(self.receipts.collect(None, None))
+                        self.writer.submit("transport", step, executed)
+                        if self.receipts is not None:
+                            self._submit_receipts(self.receipts.collect(step, seq))
+                if self.receipts is not None:
+                    self._submit_receipts(self.receipts.collect(None, None))
             except Exception as e:
                 self._disable(e)
         self._closed = True
+        self._inflight.clear()  # outputs never answered: not ours to keep alive
         if self._installed:
             for name in self._originals:
                 if name in self._shadowed:

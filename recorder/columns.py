@@ -99,6 +99,31 @@ class FlatListColumn:
         return out
 
 
+class RowTable:
+    """A table of about one row per step (steps, updates, transport): each row one tuple in
+    schema order, turned into columns at flush by zip() (in C). One list append per row on
+    the hot side, instead of one Python call per column."""
+
+    __slots__ = ("types", "rows")
+
+    def __init__(self, schema: pa.Schema) -> None:
+        self.types = [f.type for f in schema]
+        self.rows: list[tuple] = []
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def drain(self, pause=None) -> list[pa.Array]:
+        rows, self.rows = self.rows, []
+        columns = list(zip(*rows)) if rows else [()] * len(self.types)
+        out = []
+        for values, typ in zip(columns, self.types):
+            out.append(pa.array(values, typ))
+            if pause is not None:
+                pause()
+        return out
+
+
 def warm_up() -> None:
     """Run each conversion path once. pyarrow initialises its compute kernels on first use
     (about 0.1 s here); better at attach time than inside the first flush of a live engine."""

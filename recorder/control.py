@@ -10,6 +10,7 @@ Protocol: one JSON object per line; one request, one answer, per connection.
   {"cmd": "info"}                                   -> {"ok": true, "pid": ..., "engines": [...]}
   {"cmd": "start", "out": DIR, "steps": N|null, "seconds": S|null, "options": {ENV: value}}
   {"cmd": "stop"}                                   -> {"ok": true, "engines": [{"path", "steps", ...}]}
+  {"cmd": "flush"}                                  -> once what was recorded so far is on disk
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 from vllm_contract.recorder.settings import RUN_DIR
 
@@ -190,7 +190,7 @@ class ControlServer:
 
     def handle(self, req: dict) -> dict:
         from vllm_contract.recorder.armed import RecordingError
-        from vllm_contract.recorder.settings import SettingsError, writer_options
+        from vllm_contract.recorder.settings import LIVE_DEFAULTS, SettingsError, writer_options
 
         cmd = req.get("cmd")
         engines = self.engines()
@@ -202,22 +202,34 @@ class ControlServer:
             out = req.get("out")
             if not isinstance(out, str) or not os.path.isabs(out):
                 return {"ok": False, "error": f"start: 'out' must be an absolute path, got {out!r}"}
+            steps, seconds = req.get("steps"), req.get("seconds")
+            if steps is not None and (not isinstance(steps, int) or isinstance(steps, bool)
+                                      or steps < 1):
+                return {"ok": False, "error": f"start: 'steps' must be a whole number ≥ 1, "
+                                              f"got {steps!r}"}
+            if seconds is not None and (not isinstance(seconds, (int, float))
+                                        or isinstance(seconds, bool) or not seconds > 0):
+                return {"ok": False, "error": f"start: 'seconds' must be more than 0, "
+                                              f"got {seconds!r}"}
             try:
-                opts = writer_options(req.get("options") or {})
+                opts = {**LIVE_DEFAULTS, **writer_options(req.get("options") or {})}
             except SettingsError as e:
                 return {"ok": False, "error": str(e)}
             started, errors = [], []
             for e in engines:
                 try:
                     rec = e.start(out, started_by="vllm-contract attach",
-                                  max_steps=req.get("steps"), max_seconds=req.get("seconds"),
-                                  **opts)
+                                  max_steps=steps, max_seconds=seconds, **opts)
                     started.append({"index": e.index, "path": str(rec.path)})
                 except (RecordingError, OSError) as err:
                     errors.append(f"engine {e.index}: {err}")
             if not started:
                 return {"ok": False, "error": "; ".join(errors)}
             return {"ok": True, "engines": started, "errors": errors}
+        if cmd == "flush":  # everything recorded so far is on disk when this answers
+            done = [e.flush() for e in engines]
+            return {"ok": all(done), "engines": [{"index": e.index, "flushed": d}
+                                                 for e, d in zip(engines, done)]}
         if cmd == "stop":
             stopped, errors = [], []
             for e in engines:

@@ -86,9 +86,12 @@ def arm_engine(engine: Any, scheduler: Any, settings: settings_mod.Settings | No
     """Arm one engine core (the scheduler it just got, and its executor); with a trace dir in
     the settings, start recording at once; with serve, listen for `vllm-contract attach`.
     Returns the ArmedEngine. (The plugin calls this; so can a harness with engine=None.)"""
+    from vllm_contract.recorder import receipts
     from vllm_contract.recorder.armed import ArmedEngine
 
     s = settings or _settings or settings_mod.Settings(arm=True)
+    if engine is not None:
+        receipts.install_worker_hook()  # an in-process worker reports its receipts too
     executor = getattr(engine, "model_executor", None) if engine is not None else None
     armed = ArmedEngine(scheduler, executor)
     if engine is not None:

@@ -114,6 +114,8 @@ class Receipts:
                 self._rings[rank] = None
         self._next_try = 0.0
         self._owed: list[tuple[int, int, int]] = []  # (step, seq, rank)
+        self._live = [rank for rank, ring in self._rings.items() if ring is not None]
+        self._missing = [rank for rank, ring in self._rings.items() if ring is None]
 
     @property
     def workers(self) -> list[dict]:
@@ -126,30 +128,39 @@ class Receipts:
         self._next_try = now + self.RETRY_S
         from vllm_contract.recorder.control import run_dir
 
-        for rank, pid in self._pids.items():
-            if self._rings[rank] is None:
-                self._rings[rank] = Ring.open(ring_path(run_dir(), pid))
+        for rank in list(self._missing):
+            ring = Ring.open(ring_path(run_dir(), self._pids[rank]))
+            if ring is not None:
+                self._rings[rank] = ring
+                self._missing.remove(rank)
+                self._live.append(rank)
 
     def collect(self, step: int | None, seq: int | None) -> dict[int, list]:
         """`received` rows per step: for hand-off `seq` (of `step`) and for earlier ones a
         worker had not got yet when their update came (tensor-parallel ranks other than the
         one that answers). step=None: only the earlier ones (at close)."""
-        if any(r is None for r in self._rings.values()):
+        if self._missing:
             self._open_missing()
         owed = self._owed
         if seq is not None:  # owed only by workers whose ring we can read
-            owed.extend((step, seq, rank) for rank, ring in self._rings.items()
-                        if ring is not None)
+            owed.extend((step, seq, rank) for rank in self._live)
+        if not owed:
+            return {}
+        counts = {rank: self._rings[rank].received() for rank in self._live}
         out: dict[int, list] = {}
         keep = []
-        newest = max((s for _, s, _ in owed), default=0)
+        newest = max(s for _, s, _ in owed)
         for st, sq, rank in owed:
-            ring = self._rings.get(rank)
-            got = ring.get(sq) if ring is not None else None
+            got = self._rings[rank].get(sq) if counts.get(rank, 0) >= sq else None
             if got is not None:
                 out.setdefault(st, []).append(("received", rank, sq, got[0], got[1]))
             elif newest - sq < self.MAX_OWED:
                 keep.append((st, sq, rank))
+            elif counts.get(rank, 0) == 0 and rank in self._live:
+                # This worker never reported a receipt (its plugin is not armed): stop asking.
+                self._live.remove(rank)
+                log.warning("vllm-contract: worker %d reports no receipts; received rows "
+                            "will be missing for it", rank)
         self._owed = keep
         return out
 

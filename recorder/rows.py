@@ -11,7 +11,7 @@ import pyarrow as pa
 
 from vllm_contract import schema
 from vllm_contract.plain import dumps
-from vllm_contract.recorder.columns import Column, FlatListColumn
+from vllm_contract.recorder.columns import Column, FlatListColumn, RowTable
 
 
 # Token lists that carry the prompt: left out (NULL) when prompts are redacted.
@@ -26,26 +26,65 @@ def token_hash(ids) -> str:
     return hashlib.sha256(a.tobytes()).hexdigest()
 
 
+# Tables kept as row tuples (RowTable), in exactly this column order; checked against the
+# schema when Columns is built, so that a schema change cannot silently shift values.
+ROW_TABLES = {
+    "steps": ("step", "t_ns", "schedule_ns", "total_num_scheduled_tokens", "num_new",
+              "num_cached", "num_finished", "num_running", "num_waiting", "kv_usage",
+              "preempted_is_null", "invalid_spec_is_null", "cached_new_token_ids_len",
+              "num_common_prefix_blocks", "new_block_ids_to_zero",
+              "has_structured_output_requests", "pending_structured_output_tokens",
+              "has_sync_kv_loads", "num_spec_tokens_to_schedule"),
+    "updates": ("step", "t_ns", "update_ns", "num_outputs"),
+    "transport": ("step", "event", "worker", "seq", "t_ns", "num_scheduled_tokens"),
+}
+
+
 class Columns:
     """Column buffers for every table; drained into one record batch per table."""
 
     def __init__(self, redact_prompts: bool = False) -> None:
         self.redact = redact_prompts
+        self.row_tables = {}
+        for t, names in ROW_TABLES.items():
+            assert tuple(schema.schema(t).names) == names, f"rows.ROW_TABLES[{t!r}] is stale"
+            self.row_tables[t] = RowTable(schema.schema(t))
         self.cols = {t: {f.name: Column(f.type) for f in schema.schema(t)}
-                     for t in schema.TABLE_NAMES}
+                     for t in schema.TABLE_NAMES if t not in ROW_TABLES}
         self.cols["model_outputs"]["sampled_token_ids"] = FlatListColumn(
             schema.schema("model_outputs").field("sampled_token_ids").type)
+        self._steps = self.row_tables["steps"].rows
+        self._updates = self.row_tables["updates"].rows
+        self._transport = self.row_tables["transport"].rows
         self.steps = 0
 
     def rows(self, table: str) -> int:
+        if table in self.row_tables:
+            return len(self.row_tables[table])
         return len(self.cols[table]["step"])
 
-    def drain(self) -> dict[str, pa.RecordBatch]:
+    def drain(self, pause=None) -> dict[str, pa.RecordBatch]:
+        """One batch per table with rows (and always `steps`). `pause()` is called between
+        columns: converting a column holds the GIL, and the writer lets the engine in."""
         out = {}
-        for table, cols in self.cols.items():
+        for table in schema.TABLE_NAMES:
+            if not self.rows(table) and table != "steps":
+                continue
             sch = schema.schema(table)
-            out[table] = pa.RecordBatch.from_arrays([cols[f.name].drain() for f in sch], schema=sch)
+            if table in self.row_tables:
+                arrays = self.row_tables[table].drain(pause)
+            else:
+                cols = self.cols[table]
+                arrays = []
+                for f in sch:
+                    arrays.append(cols[f.name].drain())
+                    if pause is not None:
+                        pause()
+            out[table] = pa.RecordBatch.from_arrays(arrays, schema=sch)
         self.steps = 0
+        self._steps = self.row_tables["steps"].rows
+        self._updates = self.row_tables["updates"].rows
+        self._transport = self.row_tables["transport"].rows
         return out
 
     def _add(self, table: str, **values: Any) -> None:
@@ -66,17 +105,10 @@ class Columns:
         new, req_ids = s["new"], s["req_ids"]
         nst, spec, enc, inv = s["num_scheduled_tokens"], s["spec"], s["encoder"], s["invalid"]
         flags = s["flags"]
-        self._add("steps", step=step, t_ns=t_ns, schedule_ns=dur_ns,
-                  total_num_scheduled_tokens=s["total"], num_new=len(new),
-                  num_cached=len(req_ids), num_finished=len(s["finished"]),
-                  num_running=running, num_waiting=waiting, kv_usage=usage,
-                  preempted_is_null=s["preempted"] is None, invalid_spec_is_null=inv is None,
-                  cached_new_token_ids_len=len(s["new_token_ids"]),
-                  num_common_prefix_blocks=s["prefix_blocks"],
-                  new_block_ids_to_zero=s["zero_blocks"],
-                  has_structured_output_requests=flags[0],
-                  pending_structured_output_tokens=flags[1], has_sync_kv_loads=flags[2],
-                  num_spec_tokens_to_schedule=flags[3])
+        self._steps.append((
+            step, t_ns, dur_ns, s["total"], len(new), len(req_ids), len(s["finished"]), running,
+            waiting, usage, s["preempted"] is None, inv is None, len(s["new_token_ids"]),
+            s["prefix_blocks"], s["zero_blocks"], flags[0], flags[1], flags[2], flags[3]))
 
         at = s["all_token_ids"]
         if at and self.redact:
@@ -181,9 +213,12 @@ class Columns:
                       length=getattr(where, "length", None))
         self._extra(step, "NewRequestData", r.req_id, item["extra"])
 
-    def add_update(self, step: int, t_ns: int, dur_ns: int, m: dict, finishes: list) -> None:
+    def add_update(self, step: int, t_ns: int, dur_ns: int, m: dict, finishes: list,
+                   transport: list = ()) -> None:
         req_ids = m["req_ids"]
-        self._add("updates", step=step, t_ns=t_ns, update_ns=dur_ns, num_outputs=len(req_ids))
+        self._updates.append((step, t_ns, dur_ns, len(req_ids)))
+        if transport:
+            self._transport.extend((step, *row) for row in transport)
         c = self.cols["model_outputs"]
         n = len(req_ids)
         c["step"].repeat(step, n)
@@ -213,6 +248,4 @@ class Columns:
 
 
     def add_transport(self, step: int, rows: list) -> None:
-        for event, worker, seq, t_ns, tokens in rows:
-            self._add("transport", step=step, event=event, worker=worker, seq=seq, t_ns=t_ns,
-                      num_scheduled_tokens=tokens)
+        self._transport.extend((step, *row) for row in rows)

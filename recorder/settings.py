@@ -87,6 +87,12 @@ OPTIONS = {
 }
 ENV_OF = {kw: env for env, (kw, _) in OPTIONS.items()}
 
+# Live engines flush by time: once a second (flush_seconds), or every 1024 steps if an engine
+# is faster than that. attach()'s 64 steps made a small, fast engine pay a flush's fixed cost
+# (about 50 column conversions) every 64 steps: ~5 % of its throughput on the tiny CPU model,
+# against ~1 % now (bench/live_overhead.py). A SIGKILL still loses at most ~1 s of steps.
+LIVE_DEFAULTS = {"flush_steps": 1024}
+
 
 @dataclass
 class Settings:
@@ -115,8 +121,11 @@ def from_env(environ: Mapping[str, str] | None = None) -> Settings:
     """Settings from the environment; SettingsError if any of them is unusable."""
     env = os.environ if environ is None else environ
     trace_dir = env.get(TRACE_DIR) or None
+    if trace_dir is not None:  # the engine core is a child process: the same cwd, but be sure
+        trace_dir = os.path.abspath(os.path.expanduser(trace_dir))
     arm = parse_bool(env.get(ARM, ""), ARM)
-    opts = writer_options({k: env[k] for k in OPTIONS if env.get(k, "") != ""})
+    opts = {**LIVE_DEFAULTS,
+            **writer_options({k: env[k] for k in OPTIONS if env.get(k, "") != ""})}
     return Settings(trace_dir=trace_dir, arm=arm, writer_options=opts)
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import stat
 import subprocess
 import sys
@@ -285,6 +284,15 @@ def test_cli_bad_input(server, tmp_path):
         assert "must be 0700" in one_line_error(invoke("ps"))
     finally:
         os.chmod(server.path.parent, 0o700)
+    # The socket protocol checks what other tools send, too.
+    for bad, words in (({"cmd": "start", "out": "rel/dir"}, "absolute path"),
+                       ({"cmd": "start", "out": str(tmp_path), "steps": "5"}, "'steps'"),
+                       ({"cmd": "start", "out": str(tmp_path), "seconds": -1}, "'seconds'"),
+                       ({"cmd": "start", "out": str(tmp_path),
+                         "options": {"VLLM_CONTRACT_ON_FULL": "wait"}}, "ON_FULL"),
+                       ({"cmd": "reboot"}, "unknown command")):
+        reply = server.handle(bad)
+        assert reply["ok"] is False and words in reply["error"], (bad, reply)
 
 
 NOBODY = textwrap.dedent("""
