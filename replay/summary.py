@@ -20,8 +20,11 @@ def engine_summary(e) -> dict:
         integrity.append(f"recorder error: {err.get('error')}")
     for w in m.get("compaction_warnings", []):
         integrity.append(f"compacted from a damaged segment: {w}")
+    pruned = {tuple(seg["steps"]) for seg in m.get("pruned_segments", []) if seg.get("steps")}
     for a, b in m.get("dropped_steps", []):
-        integrity.append(f"steps {a}..{b} dropped (writer fell behind)")
+        why = ("deleted: the trace reached its size cap" if (a, b) in pruned
+               else "the writer fell behind")
+        integrity.append(f"steps {a}..{b} dropped ({why})")
     if m.get("attached_mid_stream"):
         integrity.append("attached mid-stream: the worker held requests introduced before step 0")
     if steps.num_rows:

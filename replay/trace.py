@@ -7,6 +7,7 @@ Reading never unpickles: pickled opaque payloads stay bytes unless the caller op
 from __future__ import annotations
 
 import json
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -61,7 +62,13 @@ def read_segment(path: Path, warnings: list[str]) -> pa.Table | None:
             return pq.read_table(path)
         except Exception as e:
             raise TraceError(f"{path}: unreadable Parquet segment ({e})") from None
-    data = path.read_bytes()
+    try:
+        if not stat.S_ISREG(path.stat().st_mode):
+            # A device or pipe in a trace (e.g. a symlink to /dev/zero) would be read forever.
+            raise TraceError(f"{path}: not a regular file: not a trace segment")
+        data = path.read_bytes()
+    except OSError as e:
+        raise TraceError(f"{path}: cannot read segment ({e.strerror or e})") from None
     if not data:
         warnings.append(f"{path}: empty segment (the writer died before its first write)")
         return None

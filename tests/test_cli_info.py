@@ -142,6 +142,17 @@ def test_segment_of_random_bytes(trace, table):
     assert f"{table}/000000{schema.SEGMENT_SUFFIX}" in line
 
 
+@pytest.mark.parametrize("device", ["/dev/zero", "/dev/full"])
+def test_segment_that_is_a_device(trace, device):
+    """A segment symlinked to an endless device is refused at once, not read until memory
+    runs out (the recorder's own fault injection leaves such links behind)."""
+    seg = engine_dir(trace) / "steps" / f"000000{schema.SEGMENT_SUFFIX}"
+    seg.unlink()
+    seg.symlink_to(device)
+    line = assert_clean_failure(invoke("info", trace))
+    assert "not a regular file" in line and "steps/000000" in line
+
+
 def test_regular_file(tmp_path):
     f = tmp_path / "trace.arrows"
     f.write_bytes(b"not a directory")

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from vllm_contract.errors import TraceError
 from vllm_contract.replay import canonical
 from vllm_contract.replay.summary import summary
 from vllm_contract.replay.trace import open_trace
@@ -234,9 +235,12 @@ def test_full_disk_never_changes_what_the_engine_serves(tiny_model, tmp_path):
     assert list(first.values()) == list(second.values())
     disabled = [line for line in log.splitlines() if "recording disabled" in line]
     assert len(disabled) == 1 and "No space left on device" in disabled[0], disabled
-    # Take the fault injection away before reading: a reader would read /dev/full forever.
     links = [p for p in trace.rglob("*.arrows") if p.is_symlink()]
     assert len(links) > 100
+    # A reader meeting a device where a segment should be says so (it must not read /dev/full
+    # forever); then take the fault injection away and read what was written.
+    with pytest.raises(TraceError, match="not a regular file"):
+        open_trace(trace).engines[0].read("steps")
     for p in links:
         p.unlink()
     (e,) = open_trace(trace).engines

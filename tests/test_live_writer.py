@@ -79,7 +79,9 @@ def test_max_trace_bytes_prunes_oldest_segments_and_records_the_gap(tiny_model, 
     assert m["dropped_steps_total"] == len(gaps) > 0
     assert kept == list(range(kept[0], 600))  # the newest steps are the ones kept
     integrity = summary(open_trace(tmp_path))["engines"][0]["integrity"]
-    assert any("dropped" in i for i in integrity), integrity
+    # Deleted by the cap, not lost to a slow writer: the summary says which.
+    capped = [i for i in integrity if "dropped" in i]
+    assert capped and all("size cap" in i for i in capped), integrity
 
 
 @pytest.mark.parametrize("on_full", ["drop", "block"])
