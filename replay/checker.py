@@ -53,7 +53,10 @@ def run(gateway: Gateway, invariants: list[Invariant],
     skipped: dict[str, str] = {}
     ran: list[str] = []
     views = set(gateway.views)
-    derived = {"engines", "dropped", "lifeline", "instances"}
+    derived = {"engines", "dropped", "lifeline", "instances", "runs", "run_ids"}
+    # Read by several checks: each computed once for the whole run, in this order (each reads
+    # the ones before it).
+    shared = ["instances", "runs", "run_ids"]
     for n, inv in enumerate(invariants):
         if progress:
             progress(n, len(invariants), inv.id)
@@ -67,6 +70,9 @@ def run(gateway: Gateway, invariants: list[Invariant],
             skipped[inv.id] = f"the trace lacks {', '.join(lacking)}"
             continue
         try:
+            wanted = [shared.index(v) for v in inv.needs if v in shared]
+            for view in shared[:max(wanted) + 1] if wanted else ():
+                gateway.materialize(view)
             table = gateway.sql(inv.sql)
         except TraceError as e:
             raise TraceError(f"check {inv.id} ({inv.path}): {e}") from None

@@ -36,15 +36,17 @@ DROPPED_SCHEMA = pa.schema([pa.field("engine", pa.string()), pa.field("first_ste
 INSTANCES_SQL = """
 CREATE VIEW instances AS
 WITH intro AS (
-    SELECT engine, req_id, step AS intro_step,
-           LEAD(step) OVER (PARTITION BY engine, req_id ORDER BY step) AS next_intro_step
+    SELECT engine, req_id, step AS intro_step, prompt_len,
+           LEAD(step) OVER (PARTITION BY engine, req_id ORDER BY step) AS next_intro_step,
+           ROW_NUMBER() OVER (ORDER BY engine, step, req_id) AS inst
     FROM requests
 )
-SELECT i.engine, i.req_id, i.intro_step, i.next_intro_step, MIN(f.step) AS freed_step
+SELECT i.inst, i.engine, i.req_id, i.intro_step, i.next_intro_step, i.prompt_len,
+       MIN(f.step) AS freed_step
 FROM intro i
 LEFT JOIN finished f ON f.engine = i.engine AND f.req_id = i.req_id AND f.step > i.intro_step
      AND (i.next_intro_step IS NULL OR f.step <= i.next_intro_step)
-GROUP BY i.engine, i.req_id, i.intro_step, i.next_intro_step
+GROUP BY i.inst, i.engine, i.req_id, i.intro_step, i.next_intro_step, i.prompt_len
 """
 
 LIFELINE_SQL = """
@@ -87,14 +89,70 @@ LEFT JOIN ev ON ev.engine = i.engine AND ev.req_id = i.req_id AND ev.intro_step 
 LEFT JOIN fin ON fin.engine = i.engine AND fin.req_id = i.req_id AND fin.intro_step = i.intro_step
 """
 
+# Each listed request row with what came before it for the same id: the state most checks
+# otherwise rebuild with a self-join of `scheduled` each. One window pass; the checker
+# materialises it once per run (see Gateway.materialize).
+RUNS_SQL = """
+CREATE VIEW runs AS
+WITH joined AS (
+    -- each row with its request instance (see the `instances` view's inst)
+    SELECT s.step, s.kind, s.pos, s.num_scheduled_tokens, s.num_computed_tokens,
+           s.num_output_tokens, COALESCE(CARDINALITY(s.spec_token_ids), 0) AS drafts, i.inst,
+           CASE WHEN i.inst IS NULL THEN s.engine END AS orphan_engine,
+           CASE WHEN i.inst IS NULL THEN s.req_id END AS orphan_id
+    FROM scheduled s
+    LEFT JOIN instances i ON i.engine = s.engine AND i.req_id = s.req_id
+         AND s.step >= i.intro_step AND (i.next_intro_step IS NULL OR s.step < i.next_intro_step)
+    WHERE s.kind IS NOT NULL
+),
+orphans AS (
+    -- ids listed with no introduction before them (an engine attached mid-stream, or a bug):
+    -- one negative key per id
+    SELECT orphan_engine, orphan_id,
+           -ROW_NUMBER() OVER (ORDER BY orphan_engine, orphan_id) AS inst
+    FROM (SELECT DISTINCT orphan_engine, orphan_id FROM joined WHERE orphan_id IS NOT NULL) o
+),
+keyed AS (
+    SELECT j.step, j.kind, j.pos, j.num_scheduled_tokens, j.num_computed_tokens,
+           j.num_output_tokens, j.drafts, COALESCE(j.inst, o.inst) AS inst, j.orphan_engine,
+           j.orphan_id
+    FROM joined j
+    LEFT JOIN orphans o ON o.orphan_engine = j.orphan_engine AND o.orphan_id = j.orphan_id
+)
+SELECT inst, step, kind, pos, num_scheduled_tokens, num_computed_tokens, num_output_tokens,
+       drafts, orphan_engine, orphan_id,
+       LAG(step) OVER (PARTITION BY inst ORDER BY step) AS prev_step,
+       LAG(num_computed_tokens) OVER (PARTITION BY inst ORDER BY step) AS prev_computed,
+       LAG(num_scheduled_tokens) OVER (PARTITION BY inst ORDER BY step) AS prev_scheduled,
+       LAG(drafts) OVER (PARTITION BY inst ORDER BY step) AS prev_drafts
+FROM keyed
+"""
+
+# Names for runs' keys: every instance, and every orphan (as runs numbers them).
+RUN_IDS_SQL = """
+CREATE VIEW run_ids AS
+SELECT inst, engine, req_id, intro_step, next_intro_step, prompt_len FROM instances
+UNION ALL
+SELECT DISTINCT inst, orphan_engine AS engine, orphan_id AS req_id,
+       CAST(NULL AS BIGINT) AS intro_step, CAST(NULL AS BIGINT) AS next_intro_step,
+       CAST(NULL AS BIGINT) AS prompt_len
+FROM runs
+WHERE inst < 0
+"""
+
 VIEW_DOCS = {
     **{name: doc for name, (doc, _) in schema.TABLES.items()},
     "engines": "One row per engine (from its manifest): the settings checks compare against.",
     "dropped": "One row per range of steps the recorder dropped (writer behind).",
-    "instances": "One row per request instance: engine, req_id, intro_step, next_intro_step (the "
-                 "id's next introduction), freed_step (the first finished_req_ids carrying it).",
+    "instances": "One row per request instance: inst (an integer key), engine, req_id, intro_step, "
+                 "next_intro_step (the id's next introduction), prompt_len, freed_step (the "
+                 "first finished_req_ids carrying it).",
     "lifeline": "One row per request instance (an id introduced at intro_step; a reused id is a new "
                 "instance): when it ran, how it ended, when its finish reached the worker.",
+    "runs": "One row per listed request in a step (the `scheduled` rows with a kind), keyed by "
+            "request instance, with the instance's previous listed row (see the columns below).",
+    "run_ids": "What runs' `inst` keys name: engine, req_id, intro_step, next_intro_step, "
+               "prompt_len (negative keys: ids listed with no introduction before them).",
 }
 
 
@@ -107,6 +165,7 @@ class Gateway:
         self._lock = threading.Lock()
         self.present: set[str] = set()  # tables with at least one segment in some engine
         self._arrow: dict[str, pa.Table] = {}
+        self._materialized: set[str] = set()
         try:
             self._create_views()
         except duckdb.Error as e:
@@ -153,6 +212,8 @@ class Gateway:
         self.con.execute("CREATE VIEW dropped AS SELECT * FROM _dropped")
         self.con.execute(INSTANCES_SQL)
         self.con.execute(LIFELINE_SQL)
+        self.con.execute(RUNS_SQL)
+        self.con.execute(RUN_IDS_SQL)
 
     def _register(self, name: str, sch: pa.Schema, rows: list[dict]) -> None:
         self._arrow[name] = pa.Table.from_pylist(rows, schema=sch)
@@ -169,6 +230,18 @@ class Gateway:
                 "attached_mid_stream": bool(m.get("attached_mid_stream")),
                 "recorder_errors": len(m.get("recorder_errors") or []),
                 "vllm_version": m.get("vllm_version")}
+
+    def materialize(self, view: str) -> None:
+        """Compute a derived view once and keep the result: several checks read `runs`, and
+        recomputing its window per check cost more than all the checks themselves."""
+        if view in self._materialized:
+            return
+        try:
+            self.con.execute(f"CREATE TEMP TABLE _mat_{view} AS SELECT * FROM {view}")
+            self.con.execute(f"CREATE OR REPLACE VIEW {view} AS SELECT * FROM _mat_{view}")
+        except duckdb.Error as e:
+            raise TraceError(f"cannot materialise {view}: {_one_line(e)}") from None
+        self._materialized.add(view)
 
     @property
     def views(self) -> list[str]:
@@ -219,7 +292,16 @@ def views_markdown() -> str:
             "", "`dropped` columns: " + ", ".join(f"`{f.name}`" for f in DROPPED_SCHEMA) + ".",
             "", "`lifeline` columns: `engine`, `req_id`, `intro_step`, `first_step`, `last_step`, "
             "`steps_scheduled`, `tokens_scheduled`, `resumes`, `finish_event_step`, "
-            "`finish_reason`, `finished_step` (the step whose finished_req_ids freed it)."]
+            "`finish_reason`, `finished_step` (the step whose finished_req_ids freed it).",
+            "", "`instances` columns: `inst` (an integer key), `engine`, `req_id`, `intro_step`, "
+            "`next_intro_step`, `prompt_len`, `freed_step`.",
+            "", "`runs` columns: `inst` (the request instance: `run_ids` names it), `step`, "
+            "`kind`, `pos`, `num_scheduled_tokens`, `num_computed_tokens`, "
+            "`num_output_tokens`, `drafts` (spec tokens in this step, 0 if none), "
+            "`orphan_engine` and `orphan_id` (set only on rows of no known instance); of the "
+            "instance's previous listed row: `prev_step`, `prev_computed`, `prev_scheduled`, "
+            "`prev_drafts`. No strings but `kind` travel through its window: by request id "
+            "it took several times as long. The checker computes it once per run."]
     return "\n".join(out) + "\n"
 
 

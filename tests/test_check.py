@@ -412,7 +412,10 @@ def test_trace_integrity(tiny_model, tmp_path):
 
 def test_attached_mid_stream_does_not_blame_the_scheduler(tiny_model, tmp_path):
     scenarios.run("aborts", tiny_model, tmp_path)
+    # As if recording began after a0's introduction: the trace never saw it.
     edit(tmp_path, "requests", lambda rows: [r for r in rows if r["req_id"] != "a0"])
+    edit(tmp_path, "scheduled", lambda rows: [
+        r for r in rows if not (r["req_id"] == "a0" and r["kind"] == "new")])
     assert hits(findings(tmp_path), "lifecycle.unknown_cached")
     edit_manifest(tmp_path, attached_mid_stream=True)
     assert not hits(findings(tmp_path), "lifecycle.unknown_cached")

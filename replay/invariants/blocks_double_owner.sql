@@ -29,27 +29,57 @@ release_ AS (
     SELECT engine, req_id, step + 1 AS end_step FROM finish_events
 ),
 holds AS (
-    SELECT a.engine, a.req_id, a.step, a.block_id, a.phase, a.kind, a.pos,
+    SELECT a.engine, a.req_id, a.step, a.block_id, a.phase, a.kind, a.pos, a.num_computed_tokens,
            MIN(r.end_step) AS end_step
     FROM acq a
     LEFT JOIN release_ r ON r.engine = a.engine AND r.req_id = a.req_id AND r.end_step > a.step
-    GROUP BY a.engine, a.req_id, a.step, a.block_id, a.phase, a.kind, a.pos
+    GROUP BY a.engine, a.req_id, a.step, a.block_id, a.phase, a.kind, a.pos, a.num_computed_tokens
+),
+swept AS (
+    -- per block, in step order: until when its holders from earlier steps keep it (one sort of
+    -- the acquisitions, instead of joining every acquisition with every earlier holder)
+    SELECT engine, req_id, step, block_id, kind, num_computed_tokens,
+           MAX(COALESCE(end_step, 9223372036854775807)) OVER (
+               PARTITION BY engine, block_id ORDER BY step
+               RANGE BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS held_until
+    FROM holds
+),
+taken AS (
+    -- blocks still held by an earlier step's holder, or by one served before it in this step
+    -- (running requests first, then new ones in list order)
+    SELECT engine, step, req_id, kind, num_computed_tokens, block_id
+    FROM swept
+    WHERE held_until > step
+    UNION
+    SELECT b.engine, b.step, b.req_id, b.kind, b.num_computed_tokens, b.block_id
+    FROM holds b
+    JOIN holds h ON h.engine = b.engine AND h.step = b.step AND h.block_id = b.block_id
+         AND h.req_id <> b.req_id
+    WHERE h.phase < b.phase OR (h.kind = b.kind AND h.pos < b.pos)
 ),
 shared AS (
-    SELECT b.engine, b.step, b.req_id, b.kind, b.num_computed_tokens,
-           COUNT(DISTINCT b.block_id) AS n_shared, MIN(b.block_id) AS block_id,
-           MIN(h.req_id) AS holder
-    FROM acq b
-    JOIN holds h ON h.engine = b.engine AND h.block_id = b.block_id AND h.req_id <> b.req_id
-         AND h.step <= b.step AND (h.end_step IS NULL OR h.end_step > b.step)
-    WHERE h.step < b.step
-       OR h.phase < b.phase
-       OR (h.kind = b.kind AND h.pos < b.pos)
-    GROUP BY b.engine, b.step, b.req_id, b.kind, b.num_computed_tokens
+    SELECT engine, step, req_id, kind, num_computed_tokens, COUNT(DISTINCT block_id) AS n_shared,
+           MIN(block_id) AS block_id
+    FROM taken
+    GROUP BY engine, step, req_id, kind, num_computed_tokens
+),
+flagged AS (
+    SELECT s.engine, s.step, s.req_id, s.n_shared, s.block_id,
+           CAST(FLOOR(s.num_computed_tokens / e.block_size) AS BIGINT) AS prefix_blocks
+    FROM shared s JOIN engines e ON e.engine = s.engine
+    WHERE s.kind = 'cached' OR s.n_shared > FLOOR(s.num_computed_tokens / e.block_size)
+),
+holder AS (
+    -- who holds it, named only for what is reported
+    SELECT f.engine, f.step, f.req_id, MIN(h.req_id) AS holder
+    FROM flagged f
+    JOIN holds h ON h.engine = f.engine AND h.block_id = f.block_id AND h.req_id <> f.req_id
+         AND h.step <= f.step AND (h.end_step IS NULL OR h.end_step > f.step)
+    GROUP BY f.engine, f.step, f.req_id
 )
-SELECT s.engine, s.step, s.req_id,
-       CAST(s.n_shared AS VARCHAR) || ' block(s) (e.g. ' || CAST(s.block_id AS VARCHAR)
-       || ') still held by ' || s.holder || '; prefix hits cover '
-       || CAST(CAST(FLOOR(s.num_computed_tokens / e.block_size) AS BIGINT) AS VARCHAR) AS details
-FROM shared s JOIN engines e ON e.engine = s.engine
-WHERE s.kind = 'cached' OR s.n_shared > FLOOR(s.num_computed_tokens / e.block_size)
+SELECT f.engine, f.step, f.req_id,
+       CAST(f.n_shared AS VARCHAR) || ' block(s) (e.g. ' || CAST(f.block_id AS VARCHAR)
+       || ') still held by ' || COALESCE(h.holder, 'an earlier holder') || '; prefix hits cover '
+       || CAST(f.prefix_blocks AS VARCHAR) AS details
+FROM flagged f
+LEFT JOIN holder h ON h.engine = f.engine AND h.step = f.step AND h.req_id = f.req_id

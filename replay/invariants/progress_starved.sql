@@ -4,28 +4,16 @@
 -- why: The worker keeps the request's state and blocks the whole time; a scheduler that forgets
 --      a running request stalls its client and pins its KV blocks.
 -- relies_on: vllm/v1/core/sched/scheduler.py Scheduler.schedule (running queue)
--- needs: scheduled, steps, preempted, engines
+-- needs: scheduled, runs, run_ids, steps, preempted, engines
 -- columns: engine, step, req_id, details
 -- note: waiting requests can wait for dozens of steps because KV blocks, not tokens, are the
 --       limit; only requests already running (not preempted) count, and only gaps of 64 steps
 --       or more in which every step left token budget and sequence slots unused.
-WITH runs AS (
-    SELECT engine, req_id, step FROM scheduled
-    WHERE kind IS NOT NULL AND num_scheduled_tokens IS NOT NULL
-),
-resumed_runs AS (
-    -- rows whose request did not run in the step before (an anti-join, no sort)
-    SELECT r.engine, r.req_id, r.step
+WITH gaps AS (
+    SELECT k.engine, k.req_id, r.step, r.prev_step
     FROM runs r
-    LEFT JOIN runs p ON p.engine = r.engine AND p.req_id = r.req_id AND p.step = r.step - 1
-    WHERE p.req_id IS NULL
-),
-gaps AS (
-    SELECT g.engine, g.req_id, g.step, MAX(r.step) AS prev_step
-    FROM resumed_runs g
-    JOIN runs r ON r.engine = g.engine AND r.req_id = g.req_id AND r.step < g.step
-    GROUP BY g.engine, g.req_id, g.step
-    HAVING g.step - MAX(r.step) >= 64
+    JOIN run_ids k ON k.inst = r.inst
+    WHERE r.num_scheduled_tokens IS NOT NULL AND r.step - r.prev_step >= 64
 ),
 busy AS (
     SELECT g.engine, g.req_id, g.prev_step, g.step,

@@ -4,19 +4,16 @@
 -- why: The worker would add the request twice to its persistent batch, or treat a new entry
 --      for a cached id as a streaming update; either way two rows share one request's state.
 -- relies_on: vllm/v1/worker/gpu_model_runner.py GPUModelRunner._update_states
--- needs: scheduled
+-- needs: scheduled, runs, run_ids
 -- columns: engine, step, req_id, details
-WITH per_step AS (
-    SELECT engine, step FROM scheduled
-    WHERE kind IS NOT NULL
-    GROUP BY engine, step
-    HAVING COUNT(*) > COUNT(DISTINCT req_id)
+WITH dup AS (
+    -- ordered by step, an instance listed twice in one step follows itself
+    SELECT DISTINCT inst, step FROM runs WHERE prev_step = step
 )
-SELECT s.engine, s.step, s.req_id,
-       'listed ' || CAST(COUNT(*) AS VARCHAR) || ' times (' || STRING_AGG(s.kind, ', ') || ')'
+SELECT k.engine, r.step, k.req_id,
+       'listed ' || CAST(COUNT(*) AS VARCHAR) || ' times (' || STRING_AGG(r.kind, ', ') || ')'
        AS details
-FROM scheduled s
-JOIN per_step p ON p.engine = s.engine AND p.step = s.step
-WHERE s.kind IS NOT NULL
-GROUP BY s.engine, s.step, s.req_id
-HAVING COUNT(*) > 1
+FROM runs r
+JOIN dup d ON d.inst = r.inst AND d.step = r.step
+JOIN run_ids k ON k.inst = r.inst
+GROUP BY k.engine, r.step, k.req_id
