@@ -97,7 +97,11 @@ CREATE VIEW runs AS
 WITH joined AS (
     -- each row with its request instance (see the `instances` view's inst)
     SELECT s.step, s.kind, s.pos, s.num_scheduled_tokens, s.num_computed_tokens,
-           s.num_output_tokens, COALESCE(CARDINALITY(s.spec_token_ids), 0) AS drafts, i.inst,
+           s.num_output_tokens, COALESCE(CARDINALITY(s.spec_token_ids), 0) AS drafts,
+           CASE WHEN CARDINALITY(s.new_block_ids) > 0
+                THEN CARDINALITY(FLATTEN(s.new_block_ids)) / CARDINALITY(s.new_block_ids)
+                ELSE 0 END AS blocks,
+           i.inst,
            CASE WHEN i.inst IS NULL THEN s.engine END AS orphan_engine,
            CASE WHEN i.inst IS NULL THEN s.req_id END AS orphan_id
     FROM scheduled s
@@ -114,17 +118,21 @@ orphans AS (
 ),
 keyed AS (
     SELECT j.step, j.kind, j.pos, j.num_scheduled_tokens, j.num_computed_tokens,
-           j.num_output_tokens, j.drafts, COALESCE(j.inst, o.inst) AS inst, j.orphan_engine,
+           j.num_output_tokens, j.drafts, j.blocks, COALESCE(j.inst, o.inst) AS inst,
+           j.orphan_engine,
            j.orphan_id
     FROM joined j
     LEFT JOIN orphans o ON o.orphan_engine = j.orphan_engine AND o.orphan_id = j.orphan_id
 )
 SELECT inst, step, kind, pos, num_scheduled_tokens, num_computed_tokens, num_output_tokens,
-       drafts, orphan_engine, orphan_id,
+       drafts, blocks, orphan_engine, orphan_id,
        LAG(step) OVER (PARTITION BY inst ORDER BY step) AS prev_step,
        LAG(num_computed_tokens) OVER (PARTITION BY inst ORDER BY step) AS prev_computed,
        LAG(num_scheduled_tokens) OVER (PARTITION BY inst ORDER BY step) AS prev_scheduled,
-       LAG(drafts) OVER (PARTITION BY inst ORDER BY step) AS prev_drafts
+       LAG(drafts) OVER (PARTITION BY inst ORDER BY step) AS prev_drafts,
+       SUM(blocks) OVER (PARTITION BY inst ORDER BY step) AS cum_blocks,
+       MAX(CASE WHEN kind = 'resumed' THEN step END) OVER (PARTITION BY inst ORDER BY step)
+           AS last_resume_step
 FROM keyed
 """
 
@@ -297,10 +305,13 @@ def views_markdown() -> str:
             "`next_intro_step`, `prompt_len`, `freed_step`.",
             "", "`runs` columns: `inst` (the request instance: `run_ids` names it), `step`, "
             "`kind`, `pos`, `num_scheduled_tokens`, `num_computed_tokens`, "
-            "`num_output_tokens`, `drafts` (spec tokens in this step, 0 if none), "
+            "`num_output_tokens`, `drafts` (spec tokens in this step, 0 if none), `blocks` (blocks "
+            "this row adds to each KV cache group's table), "
             "`orphan_engine` and `orphan_id` (set only on rows of no known instance); of the "
             "instance's previous listed row: `prev_step`, `prev_computed`, `prev_scheduled`, "
-            "`prev_drafts`. No strings but `kind` travel through its window: by request id "
+            "`prev_drafts`; `cum_blocks` (the sum of `blocks` over the instance so far) and "
+            "`last_resume_step` (its latest resumption so far: a resumed row's blocks are the "
+            "whole table). No strings but `kind` travel through its window: by request id "
             "it took several times as long. The checker computes it once per run."]
     return "\n".join(out) + "\n"
 
