@@ -8,6 +8,9 @@ Every result is a pyarrow.Table; every DuckDB error becomes a TraceError.
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 import threading
 from pathlib import Path
 
@@ -167,9 +170,19 @@ VIEW_DOCS = {
 class Gateway:
     """Owns the DuckDB connection for one trace (a root or one engine directory)."""
 
-    def __init__(self, trace: Trace | str | Path) -> None:
+    def __init__(self, trace: Trace | str | Path, memory_limit: str | None = None) -> None:
         self.trace = trace if isinstance(trace, Trace) else open_trace(trace)
-        self.con = duckdb.connect(":memory:")
+        self._spill = tempfile.mkdtemp(prefix="vllm-contract-duckdb-")
+        limit = memory_limit or default_memory_limit()
+        try:
+            # A bounded budget, spilling to disk beyond it: a million-step trace must not take
+            # the whole machine (DuckDB's default is 80 % of it).
+            self.con = duckdb.connect(":memory:", config={"memory_limit": limit,
+                                                          "temp_directory": self._spill})
+        except duckdb.Error as e:
+            shutil.rmtree(self._spill, ignore_errors=True)
+            raise TraceError(f"memory limit {limit!r} (VLLM_CONTRACT_MEMORY_LIMIT): "
+                             f"{_one_line(e)}") from None
         self._lock = threading.Lock()
         self.present: set[str] = set()  # tables with at least one segment in some engine
         self._arrow: dict[str, pa.Table] = {}
@@ -177,7 +190,11 @@ class Gateway:
         try:
             self._create_views()
         except duckdb.Error as e:
+            self.close()
             raise TraceError(f"{self.trace.root}: cannot create views: {_one_line(e)}") from None
+        except BaseException:
+            self.close()
+            raise
 
     @property
     def warnings(self) -> list[str]:
@@ -273,12 +290,26 @@ class Gateway:
 
     def close(self) -> None:
         self.con.close()
+        shutil.rmtree(self._spill, ignore_errors=True)
 
     def __enter__(self) -> "Gateway":
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def default_memory_limit() -> str:
+    """VLLM_CONTRACT_MEMORY_LIMIT (a DuckDB size such as '6GB'), else 40 % of this machine's
+    memory, at most 6 GB."""
+    env = os.environ.get("VLLM_CONTRACT_MEMORY_LIMIT")
+    if env:
+        return env
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return "6GB"
+    return f"{max(256, min(6 * 1024, int(total * 0.4) >> 20))}MB"
 
 
 def _q(s: str) -> str:

@@ -480,6 +480,26 @@ def test_cli_bad_input(tiny_model, tmp_path):
     fails(["check", str(trace), "--invariants", str(bad)], "mine.bad")
     fails(["check", str(tmp_path / "missing")], "no such trace")
     fails(["sql", str(trace), "SELECT * FROM no_such_view"], "SQL error")
+    runner.env = {"VLLM_CONTRACT_MEMORY_LIMIT": "lots"}
+    fails(["check", str(trace)], "VLLM_CONTRACT_MEMORY_LIMIT")
+
+
+def test_memory_limit_is_bounded_and_spills_are_cleaned_up(tiny_model, tmp_path, monkeypatch):
+    """DuckDB gets a budget (not its default 80 % of the machine) and a private spill
+    directory, removed when the gateway closes."""
+    trace = tmp_path / "t"
+    scenarios.run("chunked_prefill", tiny_model, trace)
+    monkeypatch.delenv("VLLM_CONTRACT_MEMORY_LIMIT", raising=False)
+    with Gateway(trace) as gw:
+        limit = gw.sql("SELECT current_setting('memory_limit') AS m")["m"][0].as_py()
+        spill = Path(gw.sql("SELECT current_setting('temp_directory') AS t")["t"][0].as_py())
+        assert spill.is_dir()
+    assert not spill.exists()
+    number, unit = limit.split()
+    assert unit in ("MiB", "GiB") and float(number) * (1024 if unit == "GiB" else 1) <= 6 * 1024
+    monkeypatch.setenv("VLLM_CONTRACT_MEMORY_LIMIT", "300MB")
+    with Gateway(trace) as gw:
+        assert gw.sql("SELECT current_setting('memory_limit') AS m")["m"][0].as_py() == "286.1 MiB"
 
 
 def test_user_check_and_a_trace_lacking_a_table(tiny_model, tmp_path):
