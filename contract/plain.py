@@ -14,6 +14,10 @@ import sys
 from typing import Any
 
 MAX_DEPTH = 8
+# Exact types that to_plain() returns unchanged: tested before the call, not inside it. The
+# recorder converts every new request's SamplingParams (dozens of fields) in the writer thread,
+# and call overhead was most of it.
+_SCALARS = frozenset({type(None), bool, int, float, str})
 
 
 def type_name(value: Any) -> str:
@@ -62,11 +66,11 @@ def to_plain(value: Any, depth: int = 0) -> Any:
         return opaque(value)
     d = depth + 1
     if isinstance(value, (list, tuple)):
-        return [to_plain(v, d) for v in value]
+        return [v if type(v) in _SCALARS else to_plain(v, d) for v in value]
     if isinstance(value, (set, frozenset)):
         return sorted((to_plain(v, d) for v in value), key=_order)
     if isinstance(value, dict):
-        return {str(k): to_plain(v, d) for k, v in value.items()}
+        return {str(k): v if type(v) in _SCALARS else to_plain(v, d) for k, v in value.items()}
     if isinstance(value, enum.Enum):
         return f"{type(value).__name__}.{value.name}"
     if isinstance(value, bytes):
@@ -80,7 +84,8 @@ def to_plain(value: Any, depth: int = 0) -> Any:
     if struct_fields is not None:
         out = {"__type__": type(value).__qualname__}
         for name in struct_fields:
-            out[name] = to_plain(getattr(value, name, None), d)
+            v = getattr(value, name, None)
+            out[name] = v if type(v) in _SCALARS else to_plain(v, d)
         return out
     return opaque(value)
 
