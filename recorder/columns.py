@@ -6,14 +6,22 @@ them one by one was most of the recorder's cost. A column is kept run-length enc
 counts) and expanded in C at flush time, in one call per column; rows that differ from their
 neighbours are runs of one. Values held are ints, strs, None and flat int lists: nothing that
 Python's cyclic GC has to walk in the engine's process.
+
+Integer columns (IntColumn, FlatListColumn) keep machine ints in array('q') buffers: filled in C,
+turned into Arrow without a per-value conversion, and invisible to the GC. The writer's Python
+work holds the GIL, which a pure-Python engine thread is waiting for, so every value converted
+one at a time is paid by the engine too. No numpy: the recorder must not require it.
 """
 
 from __future__ import annotations
 
+from array import array
 from itertools import repeat
 
-import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
+
+_RANGE = array("q", range(4096))  # pos columns: one slice per step instead of range() items
 
 
 class Column:
@@ -28,8 +36,14 @@ class Column:
     def __len__(self) -> int:
         return self.n
 
-    def append(self, value) -> None:
-        self.repeat(value, 1)
+    def append(self, value) -> None:  # repeat(value, 1), inlined: called for every new row
+        values = self.values
+        if values and values[-1] is value:
+            self.counts[-1] += 1
+        else:
+            values.append(value)
+            self.counts.append(1)
+        self.n += 1
 
     def extend(self, values) -> None:
         before = len(self.values)
@@ -55,8 +69,73 @@ class Column:
             return pa.array(values, self.type)
         if len(values) == 1 and values[0] is None:
             return pa.nulls(n, self.type)
-        index = np.repeat(np.arange(len(values), dtype=np.int32), counts)
-        return pa.array(values, self.type).take(pa.array(index))
+        run_ends = pc.cumulative_sum(pa.array(counts, pa.int32()))
+        # from_buffers: from_arrays retries two missing optional imports on every call.
+        runs = pa.RunEndEncodedArray.from_buffers(
+            pa.run_end_encoded(pa.int32(), self.type), n, [None], 0, 0,
+            [run_ends, pa.array(values, self.type)])
+        return pc.run_end_decode(runs)
+
+
+def _validity(n: int, nulls: list[int]) -> pa.Buffer:
+    """Arrow validity bitmap of n rows with `nulls` (row numbers) unset."""
+    valid = bytearray(b"\x01") * n
+    for i in nulls:
+        valid[i] = 0
+    flags = pa.Array.from_buffers(pa.uint8(), n, [None, pa.py_buffer(valid)])
+    return pc.not_equal(flags, 0).buffers()[1]
+
+
+class IntColumn:
+    """An int64 column in an array('q') buffer; None entries are listed in `nulls`."""
+
+    __slots__ = ("type", "values", "nulls")
+
+    def __init__(self, typ: pa.DataType) -> None:
+        self.type = typ
+        self.values = array("q")
+        self.nulls: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def append(self, value) -> None:
+        if value is None:
+            self.nulls.append(len(self.values))
+            value = 0
+        self.values.append(value)
+
+    def extend(self, values) -> None:
+        before = len(self.values)
+        try:
+            self.values.extend(values)  # C: array or list of ints
+        except TypeError:  # a None (or a broken value) somewhere: value by value
+            del self.values[before:]
+            for v in values:
+                self.append(v)
+
+    def extend_range(self, n: int) -> None:
+        if n <= len(_RANGE):
+            self.values.extend(_RANGE[:n])
+        else:
+            self.values.extend(range(n))
+
+    def repeat(self, value, count: int) -> None:
+        if value is None:
+            n = len(self.values)
+            self.nulls.extend(range(n, n + count))
+            value = 0
+        self.values.extend(array("q", (value,)) * count)
+
+    def drain(self) -> pa.Array:
+        values, nulls = self.values, self.nulls
+        self.values, self.nulls = array("q"), []
+        n = len(values)
+        if nulls and len(nulls) == n:
+            return pa.nulls(n, self.type)
+        bitmap = _validity(n, nulls) if nulls else None
+        return pa.Array.from_buffers(self.type, n, [bitmap, pa.py_buffer(values)],
+                                     null_count=len(nulls))
 
 
 class FlatListColumn:
@@ -67,17 +146,21 @@ class FlatListColumn:
 
     def __init__(self, typ: pa.DataType) -> None:
         self.type = typ
-        self.values: list[int] = []
-        self.lengths: list[int] = []
+        self.values = array("q")
+        self.lengths = array("i")
         self.nulls: list[int] = []  # row numbers of None entries
         self.n = 0
 
     def __len__(self) -> int:
         return self.n
 
-    def extend_flat(self, values: list[int], lengths: list[int]) -> None:
+    def extend_flat(self, values, lengths) -> None:
+        """values and lengths: arrays or lists of ints."""
         self.values.extend(values)
-        self.lengths.extend(lengths)
+        try:
+            self.lengths.extend(lengths)
+        except TypeError:  # array('q') lengths from the snapshot
+            self.lengths.extend(lengths.tolist())
         self.n += len(lengths)
 
     def append(self, lst: list[int] | None) -> None:
@@ -87,16 +170,19 @@ class FlatListColumn:
         self.extend_flat(list(lst), [len(lst)])
 
     def drain(self) -> pa.Array:
-        offsets = np.zeros(self.n + 1, dtype=np.int32)
-        np.cumsum(self.lengths, out=offsets[1:])
+        n, values, lengths, nulls = self.n, self.values, self.lengths, self.nulls
+        self.values, self.lengths, self.nulls, self.n = array("q"), array("i"), [], 0
+        lengths.insert(0, 0)
+        offsets = pc.cumulative_sum(pa.Array.from_buffers(pa.int32(), n + 1,
+                                                          [None, pa.py_buffer(lengths)]))
+        flat = pa.Array.from_buffers(pa.int64(), len(values), [None, pa.py_buffer(values)])
         mask = None
-        if self.nulls:
-            mask = np.zeros(self.n, dtype=bool)
-            mask[self.nulls] = True
-        out = pa.ListArray.from_arrays(pa.array(offsets), pa.array(self.values, pa.int64()),
-                                       mask=None if mask is None else pa.array(mask))
-        self.values, self.lengths, self.nulls, self.n = [], [], [], 0
-        return out
+        if nulls:
+            mask = [False] * n
+            for i in nulls:
+                mask[i] = True
+            mask = pa.array(mask, pa.bool_())
+        return pa.ListArray.from_arrays(offsets, flat, mask=mask)
 
 
 class RowTable:
@@ -128,7 +214,8 @@ def warm_up() -> None:
     """Run each conversion path once. pyarrow initialises its compute kernels on first use
     (about 0.1 s here); better at attach time than inside the first flush of a live engine."""
     for col, fill in ((Column(pa.string()), lambda c: (c.repeat("a", 3), c.extend(["b"]))),
-                      (Column(pa.int64()), lambda c: c.repeat(None, 2)),
+                      (Column(pa.int64()), lambda c: (c.repeat(None, 2), c.repeat(1, 2))),
+                      (IntColumn(pa.int64()), lambda c: (c.repeat(None, 2), c.extend([1, None]))),
                       (FlatListColumn(pa.list_(pa.int64())), lambda c: (c.extend_flat([1], [1]),
                                                                         c.append(None)))):
         fill(col)

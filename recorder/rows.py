@@ -11,7 +11,7 @@ import pyarrow as pa
 
 from vllm_contract import schema
 from vllm_contract.plain import dumps
-from vllm_contract.recorder.columns import Column, FlatListColumn, RowTable
+from vllm_contract.recorder.columns import Column, FlatListColumn, IntColumn, RowTable
 
 
 # Token lists that carry the prompt: left out (NULL) when prompts are redacted.
@@ -49,7 +49,8 @@ class Columns:
         for t, names in ROW_TABLES.items():
             assert tuple(schema.schema(t).names) == names, f"rows.ROW_TABLES[{t!r}] is stale"
             self.row_tables[t] = RowTable(schema.schema(t))
-        self.cols = {t: {f.name: Column(f.type) for f in schema.schema(t)}
+        self.cols = {t: {f.name: IntColumn(f.type) if f.type == pa.int64() else Column(f.type)
+                         for f in schema.schema(t)}
                      for t in schema.TABLE_NAMES if t not in ROW_TABLES}
         self.cols["model_outputs"]["sampled_token_ids"] = FlatListColumn(
             schema.schema("model_outputs").field("sampled_token_ids").type)
@@ -57,6 +58,9 @@ class Columns:
         self._updates = self.row_tables["updates"].rows
         self._transport = self.row_tables["transport"].rows
         self.steps = 0
+        # Bound append of every column, per table: _add() runs for every new row.
+        self._appends = {t: [(name, col.append) for name, col in cols.items()]
+                         for t, cols in self.cols.items()}
 
     def rows(self, table: str) -> int:
         if table in self.row_tables:
@@ -88,9 +92,9 @@ class Columns:
         return out
 
     def _add(self, table: str, **values: Any) -> None:
-        cols = self.cols[table]
-        for name, col in cols.items():
-            col.append(values.get(name))
+        get = values.get
+        for name, append in self._appends[table]:
+            append(get(name))
 
     def _extra(self, step: int, owner: str, req_id: str | None, extras) -> None:
         for name, tname, size, plain, blob in extras:
@@ -139,7 +143,7 @@ class Columns:
         else:
             c["kind"].repeat("cached", n)
             c["resumed"].repeat(False, n)
-        c["pos"].extend(range(n))
+        c["pos"].extend_range(n)
         c["num_scheduled_tokens"].extend(list(map(nst.get, req_ids)))
         c["num_computed_tokens"].extend(s["num_computed_tokens"])
         c["num_output_tokens"].extend(s["num_output_tokens"])
@@ -223,7 +227,7 @@ class Columns:
         n = len(req_ids)
         c["step"].repeat(step, n)
         c["req_id"].extend(req_ids)
-        c["pos"].extend(range(n))
+        c["pos"].extend_range(n)
         values, lengths = m["sampled"]
         if len(lengths) == n:
             c["sampled_token_ids"].extend_flat(values, lengths)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import pickle
+from array import array
 from itertools import chain
 from typing import Any
 
@@ -92,6 +93,18 @@ def _extras(obj: Any, names: list[str], pickle_opaque: bool = False) -> list[tup
     return out
 
 
+def _ints(values, typecode: str = "q"):
+    """A list of ints as an array: copied in C, and no Python object for the GC to walk while
+    it waits in the queue (held lists of ints made the engine's collections several times
+    slower). Anything that is not a plain int list is kept as it is: a plain copy."""
+    if values is None:
+        return None
+    try:
+        return array(typecode, values)
+    except (TypeError, OverflowError):
+        return list(values)
+
+
 def _blocks(block_ids):
     return None if block_ids is None else tuple(map(list, block_ids))
 
@@ -121,13 +134,15 @@ def scheduler_output(so: Any, fields: Fields) -> dict:
     zero = getattr(so, "new_block_ids_to_zero", None)
     return {
         "new": new,
-        "req_ids": cr.req_ids,
+        # Tuples of strs: the GC stops walking them after one collection; a held list of 256
+        # ids is walked by every collection until the writer lets it go.
+        "req_ids": tuple(cr.req_ids),
         "resumed": resumed,
         "new_token_ids": cr.new_token_ids,
         "all_token_ids": getattr(cr, "all_token_ids", None) or {},
         "new_block_ids": new_block_ids,
-        "num_computed_tokens": cr.num_computed_tokens,
-        "num_output_tokens": cr.num_output_tokens,
+        "num_computed_tokens": _ints(cr.num_computed_tokens),
+        "num_output_tokens": _ints(cr.num_output_tokens),
         "num_scheduled_tokens": dict(so.num_scheduled_tokens),
         "total": so.total_num_scheduled_tokens,
         "spec": {k: list(v) for k, v in spec.items()} if spec else {},
@@ -150,13 +165,13 @@ def scheduler_output(so: Any, fields: Fields) -> dict:
 def model_output(mro: Any, fields: Fields) -> dict:
     # Taken before update_from_output() runs: it trims (del lst[n:]) a sampled list that runs past
     # a stop (spec decode).
-    # Flattened here (one list of ints, one of lengths): keeping the step's per-request lists
+    # Flattened here (one array of ints, one of lengths): keeping the step's per-request lists
     # alive until the writer runs would promote them into the GC's older generations, and full
     # collections over a busy engine's heap cost more than the whole recorder.
     sampled = mro.sampled_token_ids
     return {
-        "req_ids": mro.req_ids,
-        "sampled": (list(chain.from_iterable(sampled)), list(map(len, sampled))),
+        "req_ids": tuple(mro.req_ids),
+        "sampled": (_ints(list(chain.from_iterable(sampled))), _ints(list(map(len, sampled)), "i")),
         "nans": dict(mro.num_nans_in_logits) if mro.num_nans_in_logits else None,
         "extra": _extras(mro, fields.extra["ModelRunnerOutput"], fields.pickle_opaque),
     }
