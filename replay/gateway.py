@@ -12,6 +12,7 @@ import os
 import shutil
 import tempfile
 import threading
+import weakref
 from pathlib import Path
 
 import duckdb
@@ -173,6 +174,8 @@ class Gateway:
     def __init__(self, trace: Trace | str | Path, memory_limit: str | None = None) -> None:
         self.trace = trace if isinstance(trace, Trace) else open_trace(trace)
         self._spill = tempfile.mkdtemp(prefix="vllm-contract-duckdb-")
+        # Removed at close(), or when the gateway is collected or the interpreter exits.
+        self._remove_spill = weakref.finalize(self, shutil.rmtree, self._spill, True)
         limit = memory_limit or default_memory_limit()
         try:
             # A bounded budget, spilling to disk beyond it: a million-step trace must not take
@@ -180,7 +183,7 @@ class Gateway:
             self.con = duckdb.connect(":memory:", config={"memory_limit": limit,
                                                           "temp_directory": self._spill})
         except duckdb.Error as e:
-            shutil.rmtree(self._spill, ignore_errors=True)
+            self._remove_spill()
             raise TraceError(f"memory limit {limit!r} (VLLM_CONTRACT_MEMORY_LIMIT): "
                              f"{_one_line(e)}") from None
         self._lock = threading.Lock()
@@ -290,7 +293,7 @@ class Gateway:
 
     def close(self) -> None:
         self.con.close()
-        shutil.rmtree(self._spill, ignore_errors=True)
+        self._remove_spill()
 
     def __enter__(self) -> "Gateway":
         return self
