@@ -90,11 +90,15 @@ def to_plain(value: Any, depth: int = 0) -> Any:
     return opaque(value)
 
 
+# What json.dumps(sort_keys=True, separators=(",", ":")) builds on every call.
+_ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"))
+
+
 def dumps(value: Any) -> str | None:
     """JSON of the plain form; None stays None (a SQL NULL)."""
     if value is None:
         return None
-    return json.dumps(to_plain(value), sort_keys=True, separators=(",", ":"))
+    return _ENCODER.encode(to_plain(value))
 
 
 def loads(text: str | None) -> Any:

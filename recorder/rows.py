@@ -119,9 +119,11 @@ class Columns:
             at = {rid: self._tokens(step, rid, "all_token_ids", v) for rid, v in at.items()}
         c = self.cols["scheduled"]
         named = set()
+        new_ids = []
         for pos, item in enumerate(new):
             r = item["req"]
             named.add(r.req_id)
+            new_ids.append(r.req_id)
             self._add("scheduled", step=step, req_id=r.req_id, kind="new", pos=pos,
                       resumed=False, num_scheduled_tokens=nst.get(r.req_id),
                       num_computed_tokens=r.num_computed_tokens, new_block_ids=item["block_ids"],
@@ -144,7 +146,12 @@ class Columns:
             c["kind"].repeat("cached", n)
             c["resumed"].repeat(False, n)
         c["pos"].extend_range(n)
-        c["num_scheduled_tokens"].extend(list(map(nst.get, req_ids)))
+        # vLLM fills num_scheduled_tokens with the cached requests first, in req_ids order, then
+        # the new ones: the column is then one slice of its values, and no id goes unnamed.
+        keys = list(nst)
+        in_order = keys[:n] == list(req_ids)
+        c["num_scheduled_tokens"].extend(
+            list(nst.values())[:n] if in_order else list(map(nst.get, req_ids)))
         c["num_computed_tokens"].extend(s["num_computed_tokens"])
         c["num_output_tokens"].extend(s["num_output_tokens"])
         nbi = s["new_block_ids"]
@@ -165,8 +172,11 @@ class Columns:
                 c[name].repeat(None, n)
 
         # Ids named only by a per-request dict or set: exactly what a broken scheduler produces.
-        named.update(req_ids)
-        others = set(nst).union(spec, enc, inv or (), at, resumed) - named
+        if in_order and keys[n:] == new_ids and not (spec or enc or inv or at or resumed):
+            others = ()  # nst's keys are exactly the ids named (dict keys are unique)
+        else:
+            named.update(req_ids)
+            others = set(nst).union(spec, enc, inv or (), at, resumed) - named
         for rid in sorted(others):
             self._add("scheduled", step=step, req_id=rid, kind=None, pos=None,
                       resumed=rid in resumed, num_scheduled_tokens=nst.get(rid),

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 import pickle
+import struct
 from array import array
 from itertools import chain
 from typing import Any
 
 from vllm_contract.plain import opaque, to_plain, type_name
+from vllm_contract.recorder.columns import pack_ints
 
 # Fields with a column of their own. Anything else a dataclass has is "drift" and goes, in plain
 # form, to the extra_fields table: new vLLM versions add fields and nothing may be dropped.
@@ -100,8 +102,8 @@ def _ints(values, typecode: str = "q"):
     if values is None:
         return None
     try:
-        return array(typecode, values)
-    except (TypeError, OverflowError):
+        return array(typecode, pack_ints(values, typecode))
+    except (struct.error, TypeError, OverflowError):
         return list(values)
 
 
