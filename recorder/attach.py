@@ -201,8 +201,9 @@ class Recorder:
                             transport.extend(rows)
                         else:  # a lagging worker's receipt of an earlier step
                             self.writer.submit("transport", step, rows)
-                self.writer.submit("update", entry[0], time.time_ns(), t1 - t0, m, finishes,
-                                   transport)
+                # Empty lists become (): fewer containers held until the writer's next flush.
+                self.writer.submit("update", entry[0], time.time_ns(), t1 - t0, m,
+                                   finishes or (), transport or ())
             except Exception as e:
                 self._disable(e)
         return out

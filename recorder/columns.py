@@ -72,8 +72,17 @@ class Column:
         self.n += count
 
     def drain(self) -> pa.Array:
+        try:
+            return self._convert()
+        finally:
+            # Emptied in place, never replaced: a new list of 16k ids every flush would be
+            # young again, and the engine's collections would walk it until it aged out.
+            self.values.clear()
+            self.counts.clear()
+            self.n = 0
+
+    def _convert(self) -> pa.Array:
         values, counts, n = self.values, self.counts, self.n
-        self.values, self.counts, self.n = [], [], 0
         if len(values) == n:  # no runs
             return pa.array(values, self.type)
         if len(values) == 1 and values[0] is None:
@@ -214,8 +223,9 @@ class RowTable:
         return len(self.rows)
 
     def drain(self, pause=None) -> list[pa.Array]:
-        rows, self.rows = self.rows, []
+        rows = self.rows
         columns = list(zip(*rows)) if rows else [()] * len(self.types)
+        rows.clear()  # in place, as Column.drain
         out = []
         for values, typ in zip(columns, self.types):
             out.append(pa.array(values, typ))

@@ -154,11 +154,17 @@ class Columns:
             list(nst.values())[:n] if in_order else list(map(nst.get, req_ids)))
         c["num_computed_tokens"].extend(s["num_computed_tokens"])
         c["num_output_tokens"].extend(s["num_output_tokens"])
-        nbi = s["new_block_ids"]
-        if any(nbi):
-            c["new_block_ids"].extend(nbi)
-        else:
-            c["new_block_ids"].repeat(None, n)
+        count, where, blocks = s["new_block_ids"]  # sparse, see snapshot.py
+        col = c["new_block_ids"]
+        if any(blocks):
+            prev = 0
+            for i, b in zip(where, blocks):
+                col.repeat(None, i - prev)
+                col.append(b)
+                prev = i + 1
+            col.repeat(None, count - prev)
+        else:  # as NULLs, like a step without new blocks (also when every entry is empty)
+            col.repeat(None, n)
         ntok = s["new_token_ids"]
         if ntok:
             c["new_token_ids"].extend(ntok[:n] + [None] * (n - len(ntok[:n])))

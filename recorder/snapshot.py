@@ -13,7 +13,8 @@ import dataclasses
 import pickle
 import struct
 from array import array
-from itertools import chain
+from itertools import chain, compress, repeat
+from operator import is_not
 from typing import Any
 
 from vllm_contract.plain import opaque, to_plain, type_name
@@ -92,7 +93,7 @@ def _extras(obj: Any, names: list[str], pickle_opaque: bool = False) -> list[tup
             except Exception:  # unpicklable (a callable, a lock): described only
                 blob = None
         out.append((name, type_name(value), opaque(value)["size"], to_plain(value), blob))
-    return out
+    return out or ()
 
 
 def _ints(values, typecode: str = "q"):
@@ -111,6 +112,12 @@ def _blocks(block_ids):
     return None if block_ids is None else tuple(map(list, block_ids))
 
 
+# Shared empty values: a snapshot waits in the queue for up to a flush interval, and every
+# container it holds counts towards the engine's next garbage collection (and is walked by it).
+_NO_IDS = frozenset()
+_NO_ITEMS: dict = {}  # never mutated: the writer only reads snapshots
+
+
 def scheduler_output(so: Any, fields: Fields) -> dict:
     new = [
         {
@@ -119,16 +126,23 @@ def scheduler_output(so: Any, fields: Fields) -> dict:
             "extra": _extras(r, fields.extra["NewRequestData"], fields.pickle_opaque),
         }
         for r in so.scheduled_new_reqs
-    ]
+    ] if so.scheduled_new_reqs else ()
     cr = so.scheduled_cached_reqs
     # Fields newer than the SchedulerOutput core are read with a default: a vLLM without them
     # records their absence in the manifest (missing_fields), not a recorder crash.
-    resumed = getattr(cr, "resumed_req_ids", None) or set()
-    new_block_ids = list(cr.new_block_ids)
-    if resumed:
-        for i, rid in enumerate(cr.req_ids):
-            if rid in resumed:
-                new_block_ids[i] = _blocks(new_block_ids[i])
+    resumed = getattr(cr, "resumed_req_ids", None) or _NO_IDS
+    # Sparse: (length, rows that are not None, their entries). In a decode step a few requests
+    # of hundreds get a new block; a copied list of them all, held until the writer's flush,
+    # was most of what the engine's collections walked.
+    nbi = cr.new_block_ids
+    where = list(compress(range(len(nbi)), map(is_not, nbi, repeat(None))))
+    blocks = [nbi[i] for i in where]
+    if resumed:  # a resumed request's whole block table: copied, the worker extends it
+        req_ids = cr.req_ids
+        for j, i in enumerate(where):
+            if i < len(req_ids) and req_ids[i] in resumed:
+                blocks[j] = _blocks(blocks[j])
+    new_block_ids = (len(nbi), where, blocks)
     spec = so.scheduled_spec_decode_tokens
     enc = so.scheduled_encoder_inputs
     invalid = getattr(so, "num_invalid_spec_tokens", None)
@@ -141,20 +155,20 @@ def scheduler_output(so: Any, fields: Fields) -> dict:
         "req_ids": tuple(cr.req_ids),
         "resumed": resumed,
         "new_token_ids": cr.new_token_ids,
-        "all_token_ids": getattr(cr, "all_token_ids", None) or {},
+        "all_token_ids": getattr(cr, "all_token_ids", None) or _NO_ITEMS,
         "new_block_ids": new_block_ids,
         "num_computed_tokens": _ints(cr.num_computed_tokens),
         "num_output_tokens": _ints(cr.num_output_tokens),
         "num_scheduled_tokens": dict(so.num_scheduled_tokens),
         "total": so.total_num_scheduled_tokens,
-        "spec": {k: list(v) for k, v in spec.items()} if spec else {},
-        "encoder": {k: list(v) for k, v in enc.items()} if enc else {},
+        "spec": {k: list(v) for k, v in spec.items()} if spec else _NO_ITEMS,
+        "encoder": {k: list(v) for k, v in enc.items()} if enc else _NO_ITEMS,
         "invalid": None if invalid is None else dict(invalid),
-        "finished": list(so.finished_req_ids),
-        "preempted": None if preempted is None else list(preempted),
-        "freed_mm": list(so.free_encoder_mm_hashes),
-        "prefix_blocks": list(getattr(so, "num_common_prefix_blocks", ())),
-        "zero_blocks": None if zero is None else list(zero),
+        "finished": tuple(so.finished_req_ids),  # () when empty allocates nothing
+        "preempted": None if preempted is None else tuple(preempted),
+        "freed_mm": tuple(so.free_encoder_mm_hashes),
+        "prefix_blocks": tuple(getattr(so, "num_common_prefix_blocks", ())),
+        "zero_blocks": None if zero is None else tuple(zero),
         "flags": (getattr(so, "has_structured_output_requests", None),
                   getattr(so, "pending_structured_output_tokens", None),
                   getattr(so, "has_sync_kv_loads", None),
