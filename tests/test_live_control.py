@@ -206,6 +206,12 @@ def test_recorder_error_closes_the_recording_and_the_engine_goes_on(load, armed,
             if not p.exists():
                 p.symlink_to("/dev/full")
     load.drain()
+    # The writer fails on its own thread; the engine lets go of it at its next step, which
+    # may come after the last request finished.
+    deadline = time.time() + 10
+    while armed.recorder is not None and time.time() < deadline:
+        time.sleep(0.02)
+        load.steps(1)
     assert armed.recorder is None
     assert armed.history[-1]["_recorder"].writer.wait_closed(10)
     last = armed.ended(armed.history[-1])
