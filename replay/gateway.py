@@ -133,10 +133,7 @@ SELECT inst, step, kind, pos, num_scheduled_tokens, num_computed_tokens, num_out
        LAG(step) OVER (PARTITION BY inst ORDER BY step) AS prev_step,
        LAG(num_computed_tokens) OVER (PARTITION BY inst ORDER BY step) AS prev_computed,
        LAG(num_scheduled_tokens) OVER (PARTITION BY inst ORDER BY step) AS prev_scheduled,
-       LAG(drafts) OVER (PARTITION BY inst ORDER BY step) AS prev_drafts,
-       SUM(blocks) OVER (PARTITION BY inst ORDER BY step) AS cum_blocks,
-       MAX(CASE WHEN kind = 'resumed' THEN step END) OVER (PARTITION BY inst ORDER BY step)
-           AS last_resume_step
+       LAG(drafts) OVER (PARTITION BY inst ORDER BY step) AS prev_drafts
 FROM keyed
 """
 
@@ -343,9 +340,7 @@ def views_markdown() -> str:
             "this row adds to each KV cache group's table), "
             "`orphan_engine` and `orphan_id` (set only on rows of no known instance); of the "
             "instance's previous listed row: `prev_step`, `prev_computed`, `prev_scheduled`, "
-            "`prev_drafts`; `cum_blocks` (the sum of `blocks` over the instance so far) and "
-            "`last_resume_step` (its latest resumption so far: a resumed row's blocks are the "
-            "whole table). No strings but `kind` travel through its window: by request id "
+            "`prev_drafts`. No strings but `kind` travel through its window: by request id "
             "it took several times as long. The checker computes it once per run."]
     return "\n".join(out) + "\n"
 

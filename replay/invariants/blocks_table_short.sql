@@ -8,31 +8,68 @@
 -- columns: engine, step, req_id, details
 -- note: a new request's block_ids and a resumed request's new_block_ids are the whole table;
 --       a cached request's new_block_ids are appended. Per KV cache group the table length is
---       the blocks of all groups divided by the number of groups.
-WITH tables_ AS (
-    -- the table after each row: every block the instance was given since its introduction,
-    -- or since its latest resumption (whose blocks are the whole table)
-    SELECT r.inst, r.step, r.kind, r.num_computed_tokens, r.num_scheduled_tokens,
-           r.cum_blocks - COALESCE(b.cum_blocks - b.blocks, 0) AS table_len
-    FROM runs r
-    LEFT JOIN runs b ON b.inst = r.inst AND b.step = r.last_resume_step AND b.kind = 'resumed'
-    WHERE r.num_scheduled_tokens IS NOT NULL
-      AND (r.inst > 0 OR r.last_resume_step IS NOT NULL)  -- an orphan's table is unknown
+--       the blocks of all groups divided by the number of groups. Within the steps between two
+--       changes of a table, a request's tokens only grow (computed.progress reports where they do
+--       not), so each table is compared with its first and last row; the first short row of a
+--       short table is then looked up. An orphan's table (attached mid-stream) is unknown until
+--       it is resumed.
+WITH changes AS (
+    -- the rows that change a request's table: a new or resumed request's blocks are the whole
+    -- table, a cached request's are appended (the row before each is where the previous
+    -- table's last row is)
+    SELECT inst, step, kind, blocks, num_computed_tokens + num_scheduled_tokens AS tokens,
+           prev_step, prev_computed + prev_scheduled AS prev_tokens,
+           SUM(CASE WHEN kind IN ('new', 'resumed') THEN 1 ELSE 0 END) OVER (
+               PARTITION BY inst ORDER BY step
+               ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS segment
+    FROM runs
+    WHERE blocks > 0 OR kind IN ('new', 'resumed')
 ),
-short_anywhere AS (
-    -- too short even at the smallest block size of any engine: a superset of the findings,
-    -- found before any row is joined with its names
-    SELECT inst, step, num_computed_tokens, num_scheduled_tokens, table_len
-    FROM tables_
-    WHERE table_len * (SELECT MIN(block_size) FROM engines)
-          < num_computed_tokens + num_scheduled_tokens
+tables_ AS (
+    SELECT inst, step, tokens, segment,
+           SUM(blocks) OVER (PARTITION BY inst, segment ORDER BY step
+                             ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS table_len,
+           LEAD(step) OVER (PARTITION BY inst ORDER BY step) AS next_change,
+           LEAD(prev_step) OVER (PARTITION BY inst ORDER BY step) AS end_step,
+           LEAD(prev_tokens) OVER (PARTITION BY inst ORDER BY step) AS end_tokens
+    FROM changes
+),
+last_rows AS (
+    SELECT inst, MAX(step) AS last_step,
+           ARG_MAX(num_computed_tokens + num_scheduled_tokens, step) AS last_tokens
+    FROM runs
+    GROUP BY inst
+),
+ends AS (
+    -- each table with the most tokens it had to hold: at its first row or its last one (the row
+    -- before the next change, or the request's last row)
+    SELECT t.inst, t.step, t.next_change, t.table_len,
+           GREATEST(COALESCE(t.tokens, 0),
+                    COALESCE(CASE WHEN t.next_change IS NULL THEN l.last_tokens
+                                  WHEN t.end_step >= t.step THEN t.end_tokens END, 0))
+               AS most_tokens
+    FROM tables_ t
+    JOIN last_rows l ON l.inst = t.inst
+    WHERE t.segment > 0
+),
+short_ AS (
+    SELECT e.inst, e.step, e.next_change, e.table_len, k.engine, k.req_id, en.block_size
+    FROM ends e
+    JOIN run_ids k ON k.inst = e.inst
+    JOIN engines en ON en.engine = k.engine
+    WHERE en.block_size IS NOT NULL AND e.table_len * en.block_size < e.most_tokens
+),
+first_short AS (
+    SELECT s.inst, s.engine, s.req_id, s.table_len, s.block_size, MIN(r.step) AS step
+    FROM short_ s
+    JOIN runs r ON r.inst = s.inst AND r.step >= s.step
+         AND (s.next_change IS NULL OR r.step < s.next_change)
+    WHERE s.table_len * s.block_size < r.num_computed_tokens + r.num_scheduled_tokens
+    GROUP BY s.engine, s.req_id, s.table_len, s.block_size, s.inst, s.step
 )
-SELECT k.engine, t.step, k.req_id,
-       'block table of ' || CAST(t.table_len AS VARCHAR) || ' blocks ('
-       || CAST(t.table_len * e.block_size AS VARCHAR) || ' slots) for '
-       || CAST(t.num_computed_tokens + t.num_scheduled_tokens AS VARCHAR) || ' tokens' AS details
-FROM short_anywhere t
-JOIN run_ids k ON k.inst = t.inst
-JOIN engines e ON e.engine = k.engine
-WHERE e.block_size IS NOT NULL
-  AND t.table_len * e.block_size < t.num_computed_tokens + t.num_scheduled_tokens
+SELECT f.engine, f.step, f.req_id,
+       'block table of ' || CAST(f.table_len AS VARCHAR) || ' blocks ('
+       || CAST(f.table_len * f.block_size AS VARCHAR) || ' slots) for '
+       || CAST(r.num_computed_tokens + r.num_scheduled_tokens AS VARCHAR) || ' tokens' AS details
+FROM first_short f
+JOIN runs r ON r.inst = f.inst AND r.step = f.step
