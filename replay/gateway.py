@@ -100,11 +100,15 @@ RUNS_SQL = """
 CREATE VIEW runs AS
 WITH joined AS (
     -- each row with its request instance (see the `instances` view's inst)
-    SELECT s.step, s.kind, s.pos, s.num_scheduled_tokens, s.num_computed_tokens,
-           s.num_output_tokens, COALESCE(CARDINALITY(s.spec_token_ids), 0) AS drafts,
-           CASE WHEN CARDINALITY(s.new_block_ids) > 0
-                THEN CARDINALITY(FLATTEN(s.new_block_ids)) / CARDINALITY(s.new_block_ids)
-                ELSE 0 END AS blocks,
+    -- Counts as INTEGER and no more columns than the checks read: at a million steps the
+    -- window's rows must fit the memory budget, or it spills.
+    SELECT s.step, s.kind, CAST(s.num_scheduled_tokens AS INTEGER) AS num_scheduled_tokens,
+           CAST(s.num_computed_tokens AS INTEGER) AS num_computed_tokens,
+           CAST(s.num_output_tokens AS INTEGER) AS num_output_tokens,
+           CAST(COALESCE(CARDINALITY(s.spec_token_ids), 0) AS INTEGER) AS drafts,
+           CAST(CASE WHEN CARDINALITY(s.new_block_ids) > 0
+                     THEN CARDINALITY(FLATTEN(s.new_block_ids)) / CARDINALITY(s.new_block_ids)
+                     ELSE 0 END AS INTEGER) AS blocks,
            i.inst,
            CASE WHEN i.inst IS NULL THEN s.engine END AS orphan_engine,
            CASE WHEN i.inst IS NULL THEN s.req_id END AS orphan_id
@@ -121,14 +125,14 @@ orphans AS (
     FROM (SELECT DISTINCT orphan_engine, orphan_id FROM joined WHERE orphan_id IS NOT NULL) o
 ),
 keyed AS (
-    SELECT j.step, j.kind, j.pos, j.num_scheduled_tokens, j.num_computed_tokens,
+    SELECT j.step, j.kind, j.num_scheduled_tokens, j.num_computed_tokens,
            j.num_output_tokens, j.drafts, j.blocks, COALESCE(j.inst, o.inst) AS inst,
            j.orphan_engine,
            j.orphan_id
     FROM joined j
     LEFT JOIN orphans o ON o.orphan_engine = j.orphan_engine AND o.orphan_id = j.orphan_id
 )
-SELECT inst, step, kind, pos, num_scheduled_tokens, num_computed_tokens, num_output_tokens,
+SELECT inst, step, kind, num_scheduled_tokens, num_computed_tokens, num_output_tokens,
        drafts, blocks, orphan_engine, orphan_id,
        LAG(step) OVER (PARTITION BY inst ORDER BY step) AS prev_step,
        LAG(num_computed_tokens) OVER (PARTITION BY inst ORDER BY step) AS prev_computed,
@@ -335,7 +339,7 @@ def views_markdown() -> str:
             "", "`instances` columns: `inst` (an integer key), `engine`, `req_id`, `intro_step`, "
             "`next_intro_step`, `prompt_len`, `freed_step`.",
             "", "`runs` columns: `inst` (the request instance: `run_ids` names it), `step`, "
-            "`kind`, `pos`, `num_scheduled_tokens`, `num_computed_tokens`, "
+            "`kind`, `num_scheduled_tokens`, `num_computed_tokens`, "
             "`num_output_tokens`, `drafts` (spec tokens in this step, 0 if none), `blocks` (blocks "
             "this row adds to each KV cache group's table), "
             "`orphan_engine` and `orphan_id` (set only on rows of no known instance); of the "
