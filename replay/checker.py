@@ -72,6 +72,8 @@ def run(gateway: Gateway, invariants: list[Invariant],
         try:
             wanted = [shared.index(v) for v in inv.needs if v in shared]
             for view in shared[:max(wanted) + 1] if wanted else ():
+                if progress and not gateway.is_materialized(view):
+                    progress(n, len(invariants), f"(computing the shared view {view})")
                 gateway.materialize(view)
             table = gateway.sql(inv.sql)
         except TraceError as e:

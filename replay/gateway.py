@@ -260,6 +260,9 @@ class Gateway:
                 "recorder_errors": len(m.get("recorder_errors") or []),
                 "vllm_version": m.get("vllm_version")}
 
+    def is_materialized(self, view: str) -> bool:
+        return view in self._materialized
+
     def materialize(self, view: str) -> None:
         """Compute a derived view once and keep the result: several checks read `runs`, and
         recomputing its window per check cost more than all the checks themselves."""

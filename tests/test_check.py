@@ -604,3 +604,27 @@ def test_sql_interactive_prompt(tiny_model, tmp_path):
     assert "lifeline" in r.stdout  # .views listed them
     assert "SQL error" in r.stderr  # a bad statement does not end the session
     assert "a1" in r.stdout
+
+
+def test_shared_views_are_computed_once_and_shown_in_the_progress(tiny_model, tmp_path):
+    """The shared views are computed once, before the first check that reads them, and the
+    progress line says so (at a million steps that takes most of a run); the checks that read
+    them give the same findings as when each is run alone."""
+    scenarios.run("preemption", tiny_model, tmp_path)
+    edit(tmp_path, "preempted", lambda rows: [])  # findings for checks that read runs
+    calls = []
+    with Gateway(tmp_path) as gw:
+        invs = catalog.load()
+        report = checker.run(gw, invs, progress=lambda n, total, name: calls.append((n, name)))
+        assert gw.is_materialized("runs") and gw.is_materialized("run_ids")
+    shared = [c for c in calls if "computing the shared view" in c[1]]
+    assert [name.split()[-1].rstrip(")") for _, name in shared] == ["instances", "runs",
+                                                                     "run_ids"]
+    first_reader = min(i for i, inv in enumerate(invs) if "runs" in inv.needs)
+    assert all(n == first_reader for n, _ in shared)
+    assert calls[-1] == (len(invs), "")
+    readers = [inv.id for inv in invs if "runs" in inv.needs]
+    alone = [f for rid in readers for f in findings(tmp_path, [rid]).findings]
+    assert any(f.invariant == "lifecycle.resumed_without_preemption" for f in alone)
+    assert sorted(map(str, alone)) == sorted(
+        str(f) for f in report.findings if f.invariant in readers)
