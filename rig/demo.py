@@ -44,4 +44,6 @@ def main(out: Path, model: Path | None = None) -> None:
     print(f"integrity: {'; '.join(s['integrity']) or 'OK'}")
     print("\nnext:")
     print(f"  vllm-contract info {out}")
+    print(f"  vllm-contract check {out}")
+    print(f"  vllm-contract sql {out} \"SELECT * FROM lifeline\"")
     print(f"  vllm-contract compact {out}")
