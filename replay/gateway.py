@@ -93,15 +93,15 @@ LEFT JOIN ev ON ev.engine = i.engine AND ev.req_id = i.req_id AND ev.intro_step 
 LEFT JOIN fin ON fin.engine = i.engine AND fin.req_id = i.req_id AND fin.intro_step = i.intro_step
 """
 
-# Each listed request row with what came before it for the same id: the state most checks
-# otherwise rebuild with a self-join of `scheduled` each. One window pass; the checker
-# materialises it once per run (see Gateway.materialize).
+# Each listed request row with the previous row of the same request instance: the state most
+# checks would otherwise rebuild with a self-join of `scheduled` each. One window pass; the
+# checker materialises it once per run (see Gateway.materialize).
 RUNS_SQL = """
 CREATE VIEW runs AS
 WITH joined AS (
-    -- each row with its request instance (see the `instances` view's inst)
-    -- Counts as INTEGER and no more columns than the checks read: at a million steps the
-    -- window's rows must fit the memory budget, or it spills.
+    -- each row with its request instance (the `instances` view's inst); counts as INTEGER and
+    -- no more columns than the checks read: at a million steps the window's rows must fit the
+    -- memory budget, or it spills
     SELECT s.step, s.kind, CAST(s.num_scheduled_tokens AS INTEGER) AS num_scheduled_tokens,
            CAST(s.num_computed_tokens AS INTEGER) AS num_computed_tokens,
            CAST(s.num_output_tokens AS INTEGER) AS num_output_tokens,
@@ -127,8 +127,7 @@ orphans AS (
 keyed AS (
     SELECT j.step, j.kind, j.num_scheduled_tokens, j.num_computed_tokens,
            j.num_output_tokens, j.drafts, j.blocks, COALESCE(j.inst, o.inst) AS inst,
-           j.orphan_engine,
-           j.orphan_id
+           j.orphan_engine, j.orphan_id
     FROM joined j
     LEFT JOIN orphans o ON o.orphan_engine = j.orphan_engine AND o.orphan_id = j.orphan_id
 )
