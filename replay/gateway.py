@@ -126,18 +126,26 @@ orphans AS (
 ),
 keyed AS (
     SELECT j.step, j.kind, j.num_scheduled_tokens, j.num_computed_tokens,
-           j.num_output_tokens, j.drafts, j.blocks, COALESCE(j.inst, o.inst) AS inst,
-           j.orphan_engine, j.orphan_id
+           j.num_output_tokens, j.drafts, j.blocks, COALESCE(j.inst, o.inst) AS inst
     FROM joined j
     LEFT JOIN orphans o ON o.orphan_engine = j.orphan_engine AND o.orphan_id = j.orphan_id
+),
+windowed AS (
+    SELECT inst, step, kind, num_scheduled_tokens, num_computed_tokens, num_output_tokens,
+           drafts, blocks,
+           LAG(step) OVER (PARTITION BY inst ORDER BY step) AS prev_step,
+           LAG(num_computed_tokens) OVER (PARTITION BY inst ORDER BY step) AS prev_computed,
+           LAG(num_scheduled_tokens) OVER (PARTITION BY inst ORDER BY step) AS prev_scheduled,
+           LAG(drafts) OVER (PARTITION BY inst ORDER BY step) AS prev_drafts
+    FROM keyed
 )
-SELECT inst, step, kind, num_scheduled_tokens, num_computed_tokens, num_output_tokens,
-       drafts, blocks, orphan_engine, orphan_id,
-       LAG(step) OVER (PARTITION BY inst ORDER BY step) AS prev_step,
-       LAG(num_computed_tokens) OVER (PARTITION BY inst ORDER BY step) AS prev_computed,
-       LAG(num_scheduled_tokens) OVER (PARTITION BY inst ORDER BY step) AS prev_scheduled,
-       LAG(drafts) OVER (PARTITION BY inst ORDER BY step) AS prev_drafts
-FROM keyed
+-- orphans' names join after the window: carried through it, two mostly-NULL strings per row
+-- made a million-step window spill
+SELECT w.inst, w.step, w.kind, w.num_scheduled_tokens, w.num_computed_tokens,
+       w.num_output_tokens, w.drafts, w.blocks, o.orphan_engine, o.orphan_id, w.prev_step,
+       w.prev_computed, w.prev_scheduled, w.prev_drafts
+FROM windowed w
+LEFT JOIN orphans o ON o.inst = w.inst
 """
 
 # Names for runs' keys: every instance, and every orphan (as runs numbers them).
