@@ -55,27 +55,16 @@ GROUP BY i.inst, i.engine, i.req_id, i.intro_step, i.next_intro_step, i.prompt_l
 
 LIFELINE_SQL = """
 CREATE VIEW lifeline AS
-WITH intro AS (
-    SELECT engine, req_id, step AS intro_step,
-           LEAD(step) OVER (PARTITION BY engine, req_id ORDER BY step) AS next_intro_step
-    FROM requests
-),
-sched AS (
+WITH sched AS (
     SELECT i.engine, i.req_id, i.intro_step, s.step, s.kind, s.num_scheduled_tokens
-    FROM intro i JOIN scheduled s ON s.engine = i.engine AND s.req_id = i.req_id
+    FROM instances i JOIN scheduled s ON s.engine = i.engine AND s.req_id = i.req_id
     WHERE s.step >= i.intro_step AND (i.next_intro_step IS NULL OR s.step < i.next_intro_step)
       AND s.kind IS NOT NULL
-),
-fin AS (
-    SELECT i.engine, i.req_id, i.intro_step, MIN(f.step) AS finished_step
-    FROM intro i JOIN finished f ON f.engine = i.engine AND f.req_id = i.req_id
-    WHERE f.step > i.intro_step AND (i.next_intro_step IS NULL OR f.step <= i.next_intro_step)
-    GROUP BY i.engine, i.req_id, i.intro_step
 ),
 ev AS (
     SELECT i.engine, i.req_id, i.intro_step, MIN(e.step) AS finish_event_step,
            MIN(e.reason) AS finish_reason
-    FROM intro i JOIN finish_events e ON e.engine = i.engine AND e.req_id = i.req_id
+    FROM instances i JOIN finish_events e ON e.engine = i.engine AND e.req_id = i.req_id
     WHERE e.step >= i.intro_step AND (i.next_intro_step IS NULL OR e.step < i.next_intro_step)
     GROUP BY i.engine, i.req_id, i.intro_step
 ),
@@ -86,11 +75,11 @@ agg AS (
     FROM sched GROUP BY engine, req_id, intro_step
 )
 SELECT i.engine, i.req_id, i.intro_step, a.first_step, a.last_step, a.steps_scheduled,
-       a.tokens_scheduled, a.resumes, ev.finish_event_step, ev.finish_reason, fin.finished_step
-FROM intro i
+       a.tokens_scheduled, a.resumes, ev.finish_event_step, ev.finish_reason,
+       i.freed_step AS finished_step
+FROM instances i
 LEFT JOIN agg a ON a.engine = i.engine AND a.req_id = i.req_id AND a.intro_step = i.intro_step
 LEFT JOIN ev ON ev.engine = i.engine AND ev.req_id = i.req_id AND ev.intro_step = i.intro_step
-LEFT JOIN fin ON fin.engine = i.engine AND fin.req_id = i.req_id AND fin.intro_step = i.intro_step
 """
 
 # Each listed request row with the previous row of the same request instance: the state most
