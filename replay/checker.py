@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Callable
 
+from vllm_contract import schema
 from vllm_contract.errors import TraceError
 from vllm_contract.replay.catalog import SEVERITIES, Invariant
 from vllm_contract.replay.gateway import Gateway
@@ -53,7 +54,7 @@ def run(gateway: Gateway, invariants: list[Invariant],
     skipped: dict[str, str] = {}
     ran: list[str] = []
     views = set(gateway.views)
-    derived = {"engines", "dropped", "lifeline", "instances", "runs", "run_ids"}
+    derived = views - set(schema.TABLE_NAMES)  # views computed from the tables, always there
     # Read by several checks: each computed once for the whole run, in this order (each reads
     # the ones before it).
     shared = ["instances", "runs", "run_ids"]
