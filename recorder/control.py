@@ -306,7 +306,7 @@ def discover(timeout: float = 5.0) -> list[dict]:
     found = []
     for pid, path in sockets():
         if not _pid_alive(pid):
-            _remove(path)
+            remove_quietly(path)
             continue
         try:
             info = request(path, {"cmd": "info"}, timeout)
@@ -318,13 +318,14 @@ def discover(timeout: float = 5.0) -> list[dict]:
     for ring in run_dir().glob("worker-*.ring") if run_dir().exists() else ():
         try:
             if not _pid_alive(int(ring.stem.split("-", 1)[1])):
-                _remove(ring)
+                remove_quietly(ring)
         except ValueError:
             continue
     return found
 
 
-def _remove(path: Path) -> None:
+def remove_quietly(path: Path) -> None:
+    """Unlink, ignoring any error (also used at exit for the worker rings)."""
     try:
         path.unlink()
     except OSError:

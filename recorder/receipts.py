@@ -192,26 +192,19 @@ def _worker_ring(wrapper: Any) -> Ring | None:
     if ring is not None or _worker_rings_failed:
         return ring
     try:
-        from vllm_contract.recorder.control import ensure_run_dir
+        from vllm_contract.recorder.control import ensure_run_dir, remove_quietly
 
         path = ring_path(ensure_run_dir(), os.getpid())
         ring = Ring.create(path)
         import atexit
 
-        atexit.register(_unlink, path)
+        atexit.register(remove_quietly, path)
     except Exception as e:
         _worker_rings_failed = True
         log.error("vllm-contract: worker receipts disabled: %s: %s", type(e).__name__, e)
         return None
     wrapper.__dict__[RING_ATTR] = ring
     return ring
-
-
-def _unlink(path: Path) -> None:
-    try:
-        path.unlink()
-    except OSError:
-        pass
 
 
 def install_worker_hook() -> bool:
