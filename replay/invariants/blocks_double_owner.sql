@@ -35,6 +35,24 @@ holds AS (
     LEFT JOIN release_ r ON r.engine = a.engine AND r.req_id = a.req_id AND r.end_step > a.step
     GROUP BY a.engine, a.req_id, a.step, a.block_id, a.phase, a.kind, a.pos, a.num_computed_tokens
 ),
+lagged AS (
+    -- a block whose acquisitions, in step order, each start at or after the previous one's end
+    -- never had two holders at once (the ends then only grow): only the other blocks need the
+    -- sweep below, and in a trace without prefix sharing that is almost none of them
+    SELECT engine, block_id, step,
+           LAG(COALESCE(end_step, 9223372036854775807)) OVER (
+               PARTITION BY engine, block_id ORDER BY step) AS prev_end
+    FROM holds
+),
+overlapping AS (
+    SELECT DISTINCT engine, block_id FROM lagged WHERE prev_end > step
+),
+shared_blocks AS (
+    SELECT h.engine, h.req_id, h.step, h.block_id, h.phase, h.kind, h.pos, h.num_computed_tokens,
+           h.end_step
+    FROM holds h
+    JOIN overlapping o ON o.engine = h.engine AND o.block_id = h.block_id
+),
 swept AS (
     -- per block, in step order: until when its holders from earlier steps keep it (one sort of
     -- the acquisitions, instead of joining every acquisition with every earlier holder)
@@ -42,7 +60,7 @@ swept AS (
            MAX(COALESCE(end_step, 9223372036854775807)) OVER (
                PARTITION BY engine, block_id ORDER BY step
                RANGE BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS held_until
-    FROM holds
+    FROM shared_blocks
 ),
 taken AS (
     -- blocks still held by an earlier step's holder, or by one served before it in this step
@@ -52,8 +70,8 @@ taken AS (
     WHERE held_until > step
     UNION
     SELECT b.engine, b.step, b.req_id, b.kind, b.num_computed_tokens, b.block_id
-    FROM holds b
-    JOIN holds h ON h.engine = b.engine AND h.step = b.step AND h.block_id = b.block_id
+    FROM shared_blocks b
+    JOIN shared_blocks h ON h.engine = b.engine AND h.step = b.step AND h.block_id = b.block_id
          AND h.req_id <> b.req_id
     WHERE h.phase < b.phase OR (h.kind = b.kind AND h.pos < b.pos)
 ),
@@ -73,7 +91,8 @@ holder AS (
     -- who holds it, named only for what is reported
     SELECT f.engine, f.step, f.req_id, MIN(h.req_id) AS holder
     FROM flagged f
-    JOIN holds h ON h.engine = f.engine AND h.block_id = f.block_id AND h.req_id <> f.req_id
+    JOIN shared_blocks h ON h.engine = f.engine AND h.block_id = f.block_id
+         AND h.req_id <> f.req_id
          AND h.step <= f.step AND (h.end_step IS NULL OR h.end_step > f.step)
     GROUP BY f.engine, f.step, f.req_id
 )
