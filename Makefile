@@ -30,6 +30,7 @@ demo: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) bench/recorder_overhead.py
+	$(PY) bench/recorder_runs.py
 	$(PY) bench/live_overhead.py
 
 samples: $(STAMP)
