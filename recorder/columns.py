@@ -24,13 +24,13 @@ import pyarrow.compute as pc
 
 _RANGE = array("q", range(4096))  # pos columns: one slice per step instead of range() items
 _ONES = [1] * 4096  # run counts of values extended one by one, likewise
-_ZERO = pa.scalar(0, pa.uint8())
+_ZERO = pa.scalar(0, pa.uint8())  # a Python 0 would retry a missing optional import per call
 
 
 def pack_ints(values, typecode: str = "q") -> bytes:
     """Machine ints of a list of Python ints, as array(typecode) holds them; raises
     struct.error (or TypeError) on None or anything that is not an int."""
-    return struct.pack(f"{len(values)}{typecode}", *values)  # a Python 0 would retry a missing optional import per call
+    return struct.pack(f"{len(values)}{typecode}", *values)
 
 
 class Column:
@@ -178,12 +178,10 @@ class FlatListColumn:
         return self.n
 
     def extend_flat(self, values, lengths) -> None:
-        """values and lengths: arrays or lists of ints."""
+        """values: an array('q') or a list of ints; lengths: an array('i') (the snapshot's) or
+        a list of ints."""
         self.values.extend(values)
-        try:
-            self.lengths.extend(lengths)
-        except TypeError:  # array('q') lengths from the snapshot
-            self.lengths.extend(lengths.tolist())
+        self.lengths.extend(lengths)
         self.n += len(lengths)
 
     def append(self, lst: list[int] | None) -> None:
