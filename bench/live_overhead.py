@@ -116,7 +116,7 @@ def live_engine(name: str, turns: int, reqs: int, tokens: int, tmp: Path) -> dic
             times[mode].append(time.perf_counter() - t0)
             generated[mode] += sum(len(r.outputs[0].token_ids) for r in out)
     gc.unfreeze()
-    cpu = thread_cpu_s(rec.writer._thread.native_id)
+    cpu = writer_cpu_s(rec.writer)
     armed.shutdown()
     (e,) = open_trace(tmp / name).engines
     assert e.manifest["closed_cleanly"], e.manifest["recorder_errors"]
@@ -134,8 +134,20 @@ def live_engine(name: str, turns: int, reqs: int, tokens: int, tmp: Path) -> dic
 
 def thread_cpu_s(native_id: int) -> float:
     """CPU time (user + system) of one thread of this process, from /proc."""
-    fields = Path(f"/proc/self/task/{native_id}/stat").read_text().rsplit(")", 1)[1].split()
+    return _cpu_s(f"/proc/self/task/{native_id}/stat")
+
+
+def _cpu_s(stat: str) -> float:
+    fields = Path(stat).read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def writer_cpu_s(writer) -> float:
+    """CPU time of the writer: its thread, or its whole process."""
+    proc = getattr(writer, "proc", None)
+    if proc is not None:
+        return _cpu_s(f"/proc/{proc.pid}/stat")
+    return thread_cpu_s(writer._thread.native_id)
 
 
 def harness_armed(model: str, n: int, blocks: int, block_steps: int) -> dict:

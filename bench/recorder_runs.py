@@ -10,9 +10,11 @@ writer's flush (every step converted and written is paid inside the run); both s
 flush opens the segments, the close seals them) stay out. Runs alternate off/on
 (order alternating too); each process gets its own heap layout, so that difference becomes
 noise to average out instead of a bias. Printed: mean and standard error per side, the ratio of
-means and an approximate 95 % interval for it. Target ≥ 0.97.
+means and an approximate 95 % interval for it, for each writer (--writers: the writer process,
+the default, and the writer thread), all interleaved in one run. Target ≥ 0.97.
 
 Usage: python bench/recorder_runs.py [--reqs 256] [--runs 10] [--steps 400]
+                                     [--writers process,thread]
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ load = decode_harness(str(tiny_model.build()), n)
 gc.collect()
 gc.freeze()
 out = tempfile.mkdtemp(prefix="vllm-contract-runs-")
-rec = attach(load.scheduler, out) if mode == "on" else None
+rec = attach(load.scheduler, out, writer=mode) if mode != "off" else None
 for _ in range(64):  # past a recording's one-time costs (its first flush opens the segments)
     load.step()
 t0 = time.perf_counter()
@@ -64,6 +66,7 @@ print(json.dumps({"seconds": seconds, "close": close}))
 
 
 def one_run(mode: str, n: int, steps: int) -> dict:
+    """mode: "off", or the writer ("process", "thread")."""
     r = subprocess.run([sys.executable, "-c", CHILD, mode, str(n), str(steps), str(HERE)],
                        capture_output=True, text=True, check=True)
     return json.loads(r.stdout.strip().splitlines()[-1])
@@ -85,35 +88,40 @@ def main() -> None:
     ap.add_argument("--reqs", type=int, default=256)
     ap.add_argument("--runs", type=int, default=10, help="runs per side")
     ap.add_argument("--steps", type=int, default=400)
+    ap.add_argument("--writers", default="process,thread")
     a = ap.parse_args()
+    writers = a.writers.split(",")
     sys.path.insert(0, str(HERE))
     from vllm_contract.rig import tiny_model
 
     tiny_model.build()  # before the clock: every child finds it built
-    times: dict[str, list[float]] = {"off": [], "on": []}
-    closes = []
+    modes = ["off", *writers]
+    times: dict[str, list[float]] = {m: [] for m in modes}
+    closes: dict[str, list[float]] = {m: [] for m in writers}
     t_start = time.perf_counter()
     for i in range(a.runs):
-        for mode in (("off", "on") if i % 2 == 0 else ("on", "off")):
+        for mode in modes[i % len(modes):] + modes[:i % len(modes)]:  # order rotates
             r = one_run(mode, a.reqs, a.steps)
             times[mode].append(r["seconds"])
-            if mode == "on":
-                closes.append(r["close"])
+            if mode != "off":
+                closes[mode].append(r["close"])
             print(f"run {i + 1}/{a.runs} {mode}: {r['seconds']:.2f} s", file=sys.stderr,
                   flush=True)
-    r, lo, hi = ratio_interval(times["off"], times["on"])
     print(f"# recorder overhead in whole runs, {time.strftime('%Y-%m-%d')}, {platform.node()}, "
           f"{os.cpu_count()} cores, {time.perf_counter() - t_start:.0f} s")
-    print("\n| running reqs | runs per side × steps | ms per step off (mean ± s.e.) | "
+    print("\n| running reqs | writer | runs per side × steps | ms per step off (mean ± s.e.) | "
           "ms per step on | on ÷ off speed | 95 % interval | target | close, ms (apart) |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
 
     def per_step(xs: list[float]) -> str:
         return (f"{statistics.mean(xs) / a.steps * 1e3:.3f} ± "
                 f"{statistics.stdev(xs) / math.sqrt(len(xs)) / a.steps * 1e3:.3f}")
 
-    print(f"| {a.reqs} | {a.runs} × {a.steps} | {per_step(times['off'])} | {per_step(times['on'])} "
-          f"| {r:.3f} | {lo:.3f}–{hi:.3f} | ≥ 0.97 | {statistics.median(closes) * 1e3:.0f} |")
+    for w in writers:
+        r, lo, hi = ratio_interval(times["off"], times[w])
+        print(f"| {a.reqs} | {w} | {a.runs} × {a.steps} | {per_step(times['off'])} | "
+              f"{per_step(times[w])} | {r:.3f} | {lo:.3f}–{hi:.3f} | ≥ 0.97 | "
+              f"{statistics.median(closes[w]) * 1e3:.0f} |")
 
 
 if __name__ == "__main__":

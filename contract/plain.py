@@ -20,8 +20,47 @@ MAX_DEPTH = 8
 _SCALARS = frozenset({type(None), bool, int, float, str})
 
 
+class Stub:
+    """A vLLM dataclass or msgspec struct as it reaches the writer process: its fields as
+    attributes, and its type's names. The writer process never imports vLLM (8 s and 0.5 GB
+    here), so the engine sends these in place of the objects (recorder/handoff.py); to_plain()
+    gives a Stub exactly the plain form it gives the object it stands for."""
+
+    def __init__(self, qualname: str, type_name: str, size: int, fields: dict) -> None:
+        self.__dict__.update(fields)
+        # Outside __dict__'s field names: a field may be called anything.
+        object.__setattr__(self, "_Stub__names", (qualname, type_name, size, tuple(fields)))
+
+    def __reduce__(self):
+        q, t, size, names = self.__names
+        return Stub, (q, t, size, {n: self.__dict__[n] for n in names})
+
+
+def stub_fields(value: "Stub") -> tuple:
+    return value._Stub__names[3]
+
+
+class Opaque:
+    """An object that is not plain data (a tensor, a handle) as it reaches the writer process:
+    only the description opaque() made of it on the engine side."""
+
+    def __init__(self, described: dict) -> None:
+        self.described = described
+
+    @property
+    def shape(self):
+        return self.described.get("shape")
+
+    def __reduce__(self):
+        return Opaque, (self.described,)
+
+
 def type_name(value: Any) -> str:
     t = type(value)
+    if t is Stub:
+        return value._Stub__names[1]
+    if t is Opaque:
+        return value.described["__opaque__"]
     return f"{t.__module__}.{t.__qualname__}"
 
 
@@ -37,11 +76,20 @@ def _size(value: Any) -> int:
 
 def opaque(value: Any) -> dict:
     """A description of a value that is not plain data (tensor, callable, handle)."""
-    out: dict[str, Any] = {"__opaque__": type_name(value), "size": _size(value)}
+    if type(value) is Opaque:
+        return dict(value.described)
+    out: dict[str, Any]
+    if type(value) is Stub:  # as opaque() described the object it stands for
+        out = {"__opaque__": value._Stub__names[1], "size": value._Stub__names[2]}
+    else:
+        out = {"__opaque__": type_name(value), "size": _size(value)}
     shape = getattr(value, "shape", None)
     if shape is not None:
-        out["shape"] = [int(s) for s in shape]
-        out["dtype"] = str(getattr(value, "dtype", ""))
+        try:
+            out["shape"] = [int(s) for s in shape]
+            out["dtype"] = str(getattr(value, "dtype", ""))
+        except (TypeError, ValueError):  # a class whose `shape` is a property, say
+            pass
     return out
 
 
@@ -71,6 +119,15 @@ def to_plain(value: Any, depth: int = 0) -> Any:
         return sorted((to_plain(v, d) for v in value), key=_order)
     if isinstance(value, dict):
         return {str(k): v if type(v) in _SCALARS else to_plain(v, d) for k, v in value.items()}
+    if type(value) is Stub:
+        names = value._Stub__names
+        out = {"__type__": names[0]}
+        for name in names[3]:
+            v = value.__dict__[name]
+            out[name] = v if type(v) in _SCALARS else to_plain(v, d)
+        return out
+    if type(value) is Opaque:
+        return dict(value.described)
     if isinstance(value, enum.Enum):
         return f"{type(value).__name__}.{value.name}"
     if isinstance(value, bytes):

@@ -298,7 +298,7 @@ class ArmedEngine:
         """A finished recording, for the control socket: `sealed` once its writer has written
         the last rows and the manifest (it does so on its own thread after the stop)."""
         rec = entry["_recorder"]
-        sealed = not rec.writer._thread.is_alive()
+        sealed = not rec.writer.alive()
         m = rec.writer.manifest
         return {**{k: v for k, v in entry.items() if not k.startswith("_")},
                 "steps": m["steps_recorded"] if sealed else entry["steps"],

@@ -19,6 +19,7 @@ from typing import Any
 
 from vllm_contract.recorder import snapshot
 from vllm_contract.recorder.engine_info import dp_rank, engine_settings
+from vllm_contract.recorder import writer_proc
 from vllm_contract.recorder.writer import TraceWriter
 
 log = logging.getLogger("vllm_contract.recorder")
@@ -89,7 +90,10 @@ class Recorder:
             "worker_replayable": not self.redacted and not mid,
             **(manifest_extra or {}),
         }
-        self.writer = TraceWriter(trace_dir, manifest, dp_rank=dp_rank(scheduler), **writer_options)
+        self.writer = _start_writer(trace_dir, manifest, dp_rank(scheduler), writer_options,
+                                    self.fields)
+        # A writer process takes the vLLM objects themselves: its pickle is the snapshot.
+        self._raw = getattr(self.writer, "raw", False)
         self.path = self.writer.dir
         if install:
             self.install(_initial=True)
@@ -150,13 +154,17 @@ class Recorder:
             try:
                 t1 = time.perf_counter_ns()
                 s = self.scheduler
-                snap = snapshot.scheduler_output(out, self.fields)
                 state = (len(s.running), len(s.waiting), s.kv_cache_manager.usage)
                 step = self.step
                 self.step += 1
+                if self._raw:
+                    kept = self.writer.submit("schedule", step, time.time_ns(), t1 - t0, state, out)
+                else:
+                    snap = snapshot.scheduler_output(out, self.fields)
+                    kept = self.writer.submit("schedule", step, time.time_ns(), t1 - t0, state,
+                                              snap, cost=_cost(snap))
                 # A dropped step (writer behind) keeps no model output either: no orphan rows.
-                if self.writer.submit("schedule", step, time.time_ns(), t1 - t0, state, snap,
-                                      cost=_cost(snap)):
+                if kept:
                     self._inflight[id(out)] = [step, out, None]
             except Exception as e:
                 self._disable(e)
@@ -182,7 +190,9 @@ class Recorder:
         m = None
         if self.active:
             try:
-                m = snapshot.model_output(model_runner_output, self.fields)
+                # Taken before update_from_output(), which trims sampled lists (spec decode).
+                m = (self.writer.encode_now(model_runner_output) if self._raw
+                     else snapshot.model_output(model_runner_output, self.fields))
             except Exception as e:
                 self._disable(e)
         t0 = time.perf_counter_ns()
@@ -229,7 +239,7 @@ class Recorder:
         thread never waits for the disk); the writer finishes on its own. Returns whether the
         writer has finished."""
         if self._closed:
-            return self.writer.wait_closed(timeout) if wait else not self.writer._thread.is_alive()
+            return self.writer.wait_closed(timeout) if wait else not self.writer.alive()
         if self.active:
             try:  # steps handed over but never answered, and receipts owed by lagging workers
                 for step, _, seq, *executed in list(self._inflight.values()):
@@ -258,8 +268,34 @@ class Recorder:
         self.close()
 
 
+WRITER_ENV = "VLLM_CONTRACT_WRITER"
+
+
+def _start_writer(trace_dir: Any, manifest: dict, rank: int, options: dict,
+                  fields: snapshot.Fields) -> Any:
+    """The writer process where this platform has one (Linux), else the writer thread; option
+    writer= or VLLM_CONTRACT_WRITER ("process", "thread") chooses. A process that cannot start
+    falls back to the thread, with a warning."""
+    options = dict(options)
+    kind = options.pop("writer", None) or os.environ.get(WRITER_ENV) or "auto"
+    if kind not in ("auto", "process", "thread"):
+        raise ValueError(f"writer={kind!r}: use 'process', 'thread' or 'auto'")
+    # Pickled opaque payloads are pickles of the objects themselves, which only this process has.
+    if kind != "thread" and writer_proc.available() and not options.get("pickle_opaque"):
+        try:
+            return writer_proc.ProcessWriter(trace_dir, manifest, fields.to_dict(), dp_rank=rank,
+                                             **options)
+        except ValueError:
+            raise
+        except Exception as e:
+            log.warning("vllm-contract: no writer process (%s: %s); writing from a thread",
+                        type(e).__name__, e)
+    return TraceWriter(trace_dir, manifest, dp_rank=rank, **options)
+
+
 def attach(scheduler: Any, trace_dir: str | os.PathLike, **writer_options: Any) -> Recorder:
     """Record every step of an in-process `scheduler` into `trace_dir`; returns a handle with
     close() that is also a context manager. Options: flush_steps, flush_seconds, segment_bytes,
-    max_pending, max_pending_bytes, on_full, max_trace_bytes, redact_prompts, pickle_opaque."""
+    max_pending, max_pending_bytes, on_full, max_trace_bytes, redact_prompts, pickle_opaque,
+    writer ("process" or "thread"; default: the process where the platform has one)."""
     return Recorder(scheduler, trace_dir, **writer_options)

@@ -76,6 +76,16 @@ class Fields:
         self.missing = {k: sorted(known[k] - set(v)) for k, v in self.all.items()}
         self.pickle_opaque = pickle_opaque
 
+    def to_dict(self) -> dict:
+        return {k: getattr(self, k) for k in ("all", "extra", "drift", "missing", "pickle_opaque")}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Fields":
+        """The writer process's copy (it does not import vLLM)."""
+        f = cls.__new__(cls)
+        f.__dict__.update(d)
+        return f
+
 
 def _extras(obj: Any, names: list[str], pickle_opaque: bool = False) -> list[tuple]:
     """(field, type name, size, plain form, pickled bytes or None) of each field without a column.

@@ -73,40 +73,63 @@ def _yield_gil() -> None:
         _next_yield = now + YIELD_S
 
 
+def check_options(on_full: str, segment_bytes: int, max_trace_bytes: int | None) -> int:
+    """Validates on_full; returns the segment size to use."""
+    if on_full not in ("drop", "block"):
+        raise ValueError(f"on_full={on_full!r}: use 'drop' or 'block'")
+    if max_trace_bytes:
+        # At least four segments fit: pruning deletes whole closed segments.
+        segment_bytes = max(1, min(segment_bytes, max_trace_bytes // 4))
+    return segment_bytes
+
+
+def new_manifest(manifest: dict, dp_rank: int, *, flush_steps: int, flush_seconds: float,
+                 segment_bytes: int, max_pending: int, max_pending_bytes: int,
+                 max_trace_bytes: int | None, on_full: str, redact_prompts: bool,
+                 pickle_opaque: bool, process: bool) -> dict:
+    m = {
+        "format_version": schema.FORMAT_VERSION,
+        "host": socket.gethostname(), "pid": os.getpid(), "dp_rank": dp_rank,
+        "started_at": time.time(), "ended_at": None, "closed_cleanly": False,
+        "recorder_errors": [], "steps_recorded": 0, "dropped_steps": [],
+        "pickled_opaque": pickle_opaque,
+        "redacted_prompts": redact_prompts,
+        "writer": {"flush_steps": flush_steps, "flush_seconds": flush_seconds,
+                   "segment_bytes": segment_bytes, "max_trace_bytes": max_trace_bytes,
+                   "max_pending": max_pending, "max_pending_bytes": max_pending_bytes,
+                   "on_full": on_full, "process": process},
+        **manifest,
+    }
+    if redact_prompts:
+        m["redaction"] = {
+            "fields": list(REDACTED_FIELDS),
+            "hash": "sha256 of the token ids as little-endian int64 (table `redacted`)",
+        }
+        m["worker_replayable"] = False
+    return m
+
+
 class TraceWriter:
-    def __init__(self, trace_dir: str | os.PathLike, manifest: dict, *, dp_rank: int = 0,
+    def __init__(self, trace_dir: str | os.PathLike | None, manifest: dict, *, dp_rank: int = 0,
                  flush_steps: int = 64, flush_seconds: float = 1.0,
                  segment_bytes: int = 64 << 20, max_pending: int = 16384,
                  max_pending_bytes: int = 256 << 20, max_trace_bytes: int | None = None,
                  on_full: str = "drop", redact_prompts: bool = False,
-                 pickle_opaque: bool = False) -> None:
-        if on_full not in ("drop", "block"):
-            raise ValueError(f"on_full={on_full!r}: use 'drop' or 'block'")
-        if max_trace_bytes:
-            # At least four segments fit: pruning deletes whole closed segments.
-            segment_bytes = max(1, min(segment_bytes, max_trace_bytes // 4))
-        host = socket.gethostname()
-        pid = os.getpid()
-        self.dir = _new_engine_dir(Path(trace_dir), engine_dir_name(host, pid, dp_rank))
-        self.manifest = {
-            "format_version": schema.FORMAT_VERSION,
-            "host": host, "pid": pid, "dp_rank": dp_rank,
-            "started_at": time.time(), "ended_at": None, "closed_cleanly": False,
-            "recorder_errors": [], "steps_recorded": 0, "dropped_steps": [],
-            "pickled_opaque": pickle_opaque,
-            "redacted_prompts": redact_prompts,
-            "writer": {"flush_steps": flush_steps, "flush_seconds": flush_seconds,
-                       "segment_bytes": segment_bytes, "max_trace_bytes": max_trace_bytes,
-                       "max_pending": max_pending, "max_pending_bytes": max_pending_bytes,
-                       "on_full": on_full},
-            **manifest,
-        }
-        if redact_prompts:
-            self.manifest["redaction"] = {
-                "fields": list(REDACTED_FIELDS),
-                "hash": "sha256 of the token ids as little-endian int64 (table `redacted`)",
-            }
-            self.manifest["worker_replayable"] = False
+                 pickle_opaque: bool = False, engine_dir: Path | None = None) -> None:
+        """With engine_dir (a writer process's writer), the engine process has made the
+        directory and the whole manifest already, and trace_dir is not used."""
+        segment_bytes = check_options(on_full, segment_bytes, max_trace_bytes)
+        if engine_dir is not None:
+            self.dir, self.manifest = Path(engine_dir), manifest
+        else:
+            self.dir = _new_engine_dir(Path(trace_dir),
+                                       engine_dir_name(socket.gethostname(), os.getpid(), dp_rank))
+            self.manifest = new_manifest(
+                manifest, dp_rank, flush_steps=flush_steps, flush_seconds=flush_seconds,
+                segment_bytes=segment_bytes, max_pending=max_pending,
+                max_pending_bytes=max_pending_bytes, max_trace_bytes=max_trace_bytes,
+                on_full=on_full, redact_prompts=redact_prompts, pickle_opaque=pickle_opaque,
+                process=False)
         self.flush_steps = flush_steps
         self.flush_seconds = flush_seconds
         self.max_pending = max_pending
@@ -114,6 +137,7 @@ class TraceWriter:
         self.max_trace_bytes = max_trace_bytes
         self.block_when_full = on_full == "block"
         self.failed = False
+        self.ended_unclean = False  # a writer process whose engine ended without close()
         # Each counter has one writing thread, so none needs a lock: pending = submitted - taken.
         self.submitted = 0  # engine thread
         self.taken = 0  # writer thread
@@ -190,6 +214,9 @@ class TraceWriter:
     def wait_closed(self, timeout: float = 30.0) -> bool:
         self._thread.join(timeout)
         return not self._thread.is_alive()
+
+    def alive(self) -> bool:
+        return self._thread.is_alive()
 
     # -- writer thread -------------------------------------------------------------------------
     def _run(self) -> None:
@@ -308,7 +335,7 @@ class TraceWriter:
             except Exception as e:
                 self._note_error(e)
             self.manifest["ended_at"] = time.time()
-            self.manifest["closed_cleanly"] = not self.failed
+            self.manifest["closed_cleanly"] = not (self.failed or self.ended_unclean)
             self._write_manifest()
 
     def fail(self, e: BaseException) -> None:

@@ -200,6 +200,7 @@ def test_recorder_error_closes_the_recording_and_the_engine_goes_on(load, armed,
     rec = armed.start(str(tmp_path), started_by="test", flush_steps=1, segment_bytes=1)
     load.add(3, tokens=30)
     load.steps(3)
+    assert rec.flush(10)  # the tables' directories exist (a writer process starts on its own)
     for table in ("steps", "scheduled"):
         for k in range(1, 200):
             p = rec.path / table / f"{k:06d}.arrows"

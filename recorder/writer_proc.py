@@ -1,0 +1,304 @@
+"""The writer in a process of its own: what the engine process keeps is one memcpy per item.
+
+In a writer thread, turning snapshots into Arrow batches holds the engine's GIL: about 250 µs of
+Python per step at 256 running requests, and the engine slowed by 12–16 % in whole runs
+(bench/RESULTS.md). Here the engine thread pickles each queue item (handoff.py: plain data
+only, no vLLM object crosses) into a shared-memory ring (ring.py) and goes on; a child process,
+started from this file, reads the ring and runs an ordinary TraceWriter on the items. The child
+imports no vLLM and never blocks the engine: an item the ring has no room for is dropped and
+the gap recorded, as in the thread writer (or, with on_full="block", waited for).
+
+If the engine process ends without closing (SIGKILL, a crash), the child reads the end of the
+commit pipe, writes every item it was given and marks the trace not closed cleanly. If the
+child dies, the engine's next commit fails and recording stops with one log line and a note in
+the manifest.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from vllm_contract import schema
+from vllm_contract.recorder import handoff
+from vllm_contract.recorder.ring import ACK, CLOSED, FAILED, RingReader, RingWriter
+from vllm_contract.recorder.segments import write_json_atomic
+from vllm_contract.recorder.writer import (
+    _new_engine_dir, check_options, engine_dir_name, new_manifest)
+
+log = logging.getLogger("vllm_contract.recorder")
+
+# The ring holds this many bytes at most (less when max_pending_bytes is smaller): about 1,200
+# steps at 256 running requests, while the child keeps up to max_pending steps of its own.
+# Its pages are allocated at the start (ring.py).
+RING_BYTES = 16 << 20
+
+
+def available() -> bool:
+    return sys.platform == "linux" and hasattr(os, "memfd_create")
+
+
+class ProcessWriter:
+    """TraceWriter's interface, from the engine process's side. It takes the SchedulerOutput and
+    ModelRunnerOutput themselves (raw): the pickle is the snapshot, and the child makes the
+    snapshot.py form of it."""
+
+    raw = True
+
+    def __init__(self, trace_dir: str | os.PathLike, manifest: dict, fields: dict, *,
+                 dp_rank: int = 0,
+                 flush_steps: int = 64, flush_seconds: float = 1.0,
+                 segment_bytes: int = 64 << 20, max_pending: int = 16384,
+                 max_pending_bytes: int = 256 << 20, max_trace_bytes: int | None = None,
+                 on_full: str = "drop", redact_prompts: bool = False,
+                 pickle_opaque: bool = False) -> None:
+        segment_bytes = check_options(on_full, segment_bytes, max_trace_bytes)
+        options = {"flush_steps": flush_steps, "flush_seconds": flush_seconds,
+                   "segment_bytes": segment_bytes, "max_pending": max_pending,
+                   "max_pending_bytes": max_pending_bytes, "max_trace_bytes": max_trace_bytes,
+                   "on_full": on_full, "redact_prompts": redact_prompts,
+                   "pickle_opaque": pickle_opaque}
+        import socket
+        self.dir = _new_engine_dir(Path(trace_dir),
+                                   engine_dir_name(socket.gethostname(), os.getpid(), dp_rank))
+        first = new_manifest(manifest, dp_rank, process=True, **options)
+        write_json_atomic(self.dir / schema.MANIFEST, first)  # a trace exists from here on
+        self.block_when_full = on_full == "block"
+        self._failed = False
+        self._child_failed = False
+        self._stopping = False
+        self._barrier = 0
+        self._dropped: list[int] = []  # steps the ring had no room for, told with the next item
+        self._backlog: list[bytes] = []  # non-step items that found no room: sent first, next
+        self._encoder = handoff.Encoder()
+        self.ring = RingWriter(max(1 << 20, min(RING_BYTES, max_pending_bytes)))
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c",
+             "from vllm_contract.recorder.writer_proc import child_main; child_main()",
+             str(self.ring.fd), str(self.ring.commit_r), str(self.ring.capacity)],
+            pass_fds=(self.ring.fd, self.ring.commit_r), stdin=subprocess.DEVNULL,
+            # A Ctrl-C to the engine's process group must not cost the rows the child holds:
+            # it ends when the commit pipe does.
+            start_new_session=True)
+        self.ring.close_reader_end()  # the child's now
+        init = ("init", str(self.dir), first, options, fields)
+        if not self._put(self._encoder.encode(init)):
+            raise RuntimeError("the writer ring cannot hold the first item")
+
+    # -- engine thread -------------------------------------------------------------------------
+    def encode_now(self, obj: Any) -> bytes:
+        """A copy of obj as it is now (a model output, before update_from_output() trims it),
+        to send later inside an item."""
+        return self._encoder.encode(obj)
+
+    @property
+    def failed(self) -> bool:
+        if self._failed:
+            return True
+        if self.ring.mm.closed:  # after wait_closed(): what the child said last
+            return self._child_failed
+        return bool(self.ring.header(FAILED))
+
+    def submit(self, kind: str, step: int, *payload: Any, cost: int = 0) -> bool:
+        """Queue an item; never waits (unless on_full="block"). A step the ring has no room for
+        is dropped and its number sent with the next item that fits."""
+        if self._failed:
+            return False
+        data = self._encoder.encode((kind, step, *payload))
+        if kind == "schedule":  # committed with the step's update
+            if not self._catch_up() or not self._put(data, commit=False):
+                if not (self.block_when_full and self._wait_for_room(len(data))
+                        and self._put(data, commit=False)):
+                    self._dropped.append(step)
+                    return False
+            return True
+        if not self._catch_up() or not self._put(data):
+            self._backlog.append(data)
+        return True
+
+    def _catch_up(self) -> bool:
+        """Send what waits (dropped step numbers, then refused items); True when nothing does."""
+        if self._dropped:
+            if not self._put(self._encoder.encode(("dropped", -1, self._dropped))):
+                return False
+            self._dropped = []
+        while self._backlog:
+            if not self._put(self._backlog[0]):
+                return False
+            self._backlog.pop(0)
+        return True
+
+    def _put(self, data: bytes, commit: bool = True) -> bool:
+        try:
+            return self.ring.put(data, commit)
+        except (BrokenPipeError, OSError) as e:
+            self._child_gone(e)
+            return False
+
+    def _wait_for_room(self, need: int, timeout: float | None = None) -> bool:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.ring.free() < need + 64:
+            if self.failed or self._stopping or not self.alive():
+                return False
+            if need + 64 > self.ring.capacity:  # one item larger than the whole ring
+                return False
+            if deadline is not None and time.monotonic() > deadline:
+                return False
+            time.sleep(0.0005)
+        return True
+
+    def _send(self, item: tuple, timeout: float) -> bool:
+        """A control item that must arrive: waits for room up to timeout (also after a
+        failure: the child still has to note it and seal the trace)."""
+        data = self._encoder.encode(item)
+        deadline = time.monotonic() + timeout
+        while not self.ring.closed_commits:
+            if self._catch_up() and self._put(data):
+                return True
+            if time.monotonic() > deadline or not self.alive():
+                return False
+            time.sleep(0.001)
+        return False
+
+    def update_manifest(self, **values: Any) -> None:
+        """Merge keys into the manifest (written by the child)."""
+        data = self._encoder.encode(("manifest", -1, values))
+        if not self._catch_up() or not self._put(data):
+            self._backlog.append(data)
+
+    def flush(self, timeout: float = 30.0) -> bool:
+        """Block until everything submitted so far is written; False on timeout or failure."""
+        self._barrier += 1
+        seq = self._barrier
+        deadline = time.monotonic() + timeout
+        if not self._send(("barrier", seq), timeout):
+            return False
+        while self.ring.header(ACK) < seq:
+            if self.failed or not self.alive() or time.monotonic() > deadline:
+                return False
+            time.sleep(0.0005)
+        return not self.failed
+
+    def fail(self, e: BaseException) -> None:
+        """From the engine thread: recording is disabled; the child notes why in the manifest
+        (at once if the ring has room, else at close)."""
+        if self._failed:
+            return
+        data = self._encoder.encode(("error", -1, f"{type(e).__name__}: {e}", time.time()))
+        if not self._catch_up() or not self._put(data):
+            self._backlog.append(data)
+        self._failed = True
+
+    def close(self, timeout: float = 30.0, wait: bool = True) -> bool:
+        """Send the stop and end the commit pipe; with wait, wait for the child to seal the
+        trace. Returns whether it has finished."""
+        if not self._stopping:
+            self._stopping = True
+            self._send(("stop", -1), timeout)
+            try:
+                self.ring.close_commits()
+            except OSError:
+                pass
+        return self.wait_closed(timeout) if wait else not self.alive()
+
+    def wait_closed(self, timeout: float = 30.0) -> bool:
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return False
+        if not self.ring.mm.closed:
+            self._child_failed = bool(self.ring.header(FAILED))
+            self.ring.close()
+        return True
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    @property
+    def manifest(self) -> dict:
+        """The manifest as the child last wrote it."""
+        return json.loads((self.dir / schema.MANIFEST).read_text())
+
+    def _child_gone(self, e: BaseException) -> None:
+        if self._failed:
+            return
+        self._failed = True
+        code = self.proc.poll()
+        msg = f"the writer process ended unexpectedly (exit code {code}): {type(e).__name__}"
+        log.error("vllm-contract: recording disabled: %s", msg)
+        try:  # the child cannot write this note any more
+            m = self.manifest
+            m["recorder_errors"].append({"time": time.time(), "error": msg})
+            write_json_atomic(self.dir / schema.MANIFEST, m)
+        except Exception as e2:
+            log.error("vllm-contract: cannot update the manifest: %s", e2)
+
+
+def child_main() -> None:
+    """The writer process: read items from the ring until the stop or the end of the pipe."""
+    from vllm_contract.recorder.snapshot import Fields, model_output, scheduler_output
+    from vllm_contract.recorder.writer import TraceWriter
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    fd, commit_fd, capacity = map(int, sys.argv[1:4])
+    reader = RingReader(fd, commit_fd, capacity)
+    w = None
+    told_failed = False
+    dropped: set[int] = set()  # steps this writer dropped: their updates go too (no orphans)
+    while True:
+        more = reader.wait()
+        for data in reader.items():
+            item = handoff.decode(data)
+            kind = item[0]
+            if kind == "init":
+                _, engine_dir, manifest, options, fields = item
+                fields = Fields.from_dict(fields)
+                w = TraceWriter(None, manifest, engine_dir=Path(engine_dir), **options)
+            elif kind == "stop":
+                w.close(timeout=600)
+                reader.set(CLOSED, 1)
+                return
+            elif kind == "barrier":
+                w.flush(timeout=600)
+                reader.set(ACK, item[1])
+            elif kind == "dropped":
+                for step in item[2]:
+                    w._items.append(("drop", step))
+            elif kind in ("manifest", "error"):
+                w._items.append(item)
+                w._wake.set()
+            elif kind == "schedule":  # (kind, step, t_ns, dur_ns, state, SchedulerOutput)
+                if not w.submit(kind, item[1], *item[2:5], scheduler_output(item[5], fields),
+                                cost=len(data)):
+                    dropped.add(item[1])
+            elif kind == "update":  # (kind, step, t_ns, dur_ns, ModelRunnerOutput pickled, ...)
+                if item[1] in dropped:
+                    dropped.discard(item[1])
+                    continue
+                m = model_output(handoff.decode(item[4]), fields)
+                w.submit(kind, item[1], item[2], item[3], m, *item[5:])
+            else:
+                w.submit(kind, item[1], *item[2:])
+        if w is not None and w.failed and not told_failed:
+            told_failed = True
+            reader.set(FAILED, 1)
+        if not more:
+            if w is not None:
+                w.ended_unclean = True
+                w.update_manifest(ended_by="the engine process ended without closing the "
+                                           "recording; the writer process wrote what it had")
+                w.close(timeout=600)
+            return
+        time.sleep(0.002)  # let commits gather: the engine's write then wakes nobody
+        reader.release()  # after a system call (the sleep) that followed the reads
+
+
+if __name__ == "__main__":
+    child_main()

@@ -1,0 +1,128 @@
+"""The writer process: what crosses from the engine (handoff.py), the ring (ring.py), and the
+engine going on when the writer process dies."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import time
+
+import pytest
+
+from vllm_contract.plain import opaque, to_plain, type_name
+from vllm_contract.recorder import attach, handoff
+from vllm_contract.recorder.ring import RingReader, RingWriter
+from vllm_contract.replay.trace import open_trace
+from vllm_contract.rig import scenarios
+from vllm_contract.rig.harness import Harness
+
+
+def test_real_vllm_objects_cross_as_their_plain_form(tiny_model):
+    """SamplingParams, NewRequestData and a tensor from the real vLLM: what the writer process
+    gets has exactly the plain form, type name and description of the original."""
+    import torch
+    from vllm import SamplingParams
+
+    h = Harness(tiny_model, scenarios.SCENARIOS["mixed"].config)
+    new = []
+    original = h.scheduler.schedule
+
+    def schedule(*a, **kw):
+        out = original(*a, **kw)
+        new.extend(out.scheduled_new_reqs)
+        return out
+
+    h.scheduler.schedule = schedule
+    h.add("a", list(range(1, 40)), max_tokens=3)
+    h.step()
+    assert new, "the harness introduced no request"
+    sp = SamplingParams(temperature=0.5, top_k=7, stop=["x"], max_tokens=9, seed=3)
+    tensor = torch.zeros(3, 5, dtype=torch.float16)
+    values = {"request": new[0], "sampling": sp, "tensor": tensor, "nested": [{"t": tensor}]}
+    got = handoff.decode(handoff.Encoder().encode(values))
+    assert to_plain(got) == to_plain(values)
+    assert type_name(got["sampling"]) == type_name(sp)
+    assert opaque(got["tensor"]) == opaque(tensor)
+    assert got["request"].req_id == "a" and got["request"].block_ids == new[0].block_ids
+
+
+def test_reading_an_item_never_runs_code_from_it(tmp_path):
+    marker = tmp_path / "ran"
+
+    class Evil:
+        def __reduce__(self):
+            return os.system, (f"touch {marker}",)
+
+    with pytest.raises(pickle.UnpicklingError, match="posix.system|os.system"):
+        handoff.decode(pickle.dumps(Evil()))
+    assert not marker.exists()
+
+
+def test_ring_keeps_order_across_the_wrap_and_refuses_what_does_not_fit():
+    ring = RingWriter(1000)
+    reader = RingReader(ring.fd, ring.commit_r, ring.capacity)
+    sent, got = [], []
+    for i in range(200):
+        data = bytes([i % 251]) * (i * 7 % 180 + 1)
+        commit = i % 2 == 0 or i == 199  # the others go with the next commit
+        assert ring.put(data, commit=commit)
+        sent.append(data)
+        if commit and i % 4 == 0:  # (the reader blocks until a commit comes)
+            reader.wait()
+            got.extend(reader.items())
+            reader.release()
+    reader.wait()
+    got.extend(reader.items())
+    assert got == sent  # every item once, in order, whole, also those that wrapped round
+    reader.release()
+    assert ring.put(b"x" * 996) and not ring.put(b"y")  # full: refused, nothing written
+    reader.wait()
+    assert list(reader.items()) == [b"x" * 996]
+    ring.close()
+
+
+def test_process_and_thread_writers_write_the_same_tables(tiny_model, tmp_path):
+    traces = {}
+    for writer in ("thread", "process"):
+        scenarios.run("mixed", tiny_model, tmp_path / writer, writer=writer)
+        (traces[writer],) = open_trace(tmp_path / writer).engines
+    assert traces["process"].manifest["writer"]["process"] is True
+    assert traces["thread"].manifest["writer"]["process"] is False
+    timing = {"t_ns", "schedule_ns", "update_ns"}
+    for table in ("steps", "scheduled", "requests", "finished", "preempted", "updates",
+                  "model_outputs", "finish_events"):
+        a, b = (traces[w].read(table) for w in ("thread", "process"))
+        cols = [c for c in a.column_names if c not in timing]
+        rows = [sorted(map(repr, t.select(cols).to_pylist())) for t in (a, b)]
+        assert rows[0] == rows[1], table
+        assert rows[0], f"{table} is empty: the scenario did not exercise it"
+
+
+def test_engine_goes_on_when_the_writer_process_dies(tiny_model, tmp_path):
+    h = Harness(tiny_model, scenarios.SCENARIOS["mixed"].config)
+    rec = attach(h.scheduler, tmp_path, writer="process")
+    for i in range(4):
+        h.add(f"r{i}", list(range(1, 30)), max_tokens=20)
+    for _ in range(5):
+        h.step()
+    assert rec.flush(30)
+    os.kill(rec.writer.proc.pid, signal.SIGKILL)
+    rec.writer.proc.wait(10)
+    for _ in range(40):  # the next commit finds the pipe broken: recording stops, not the engine
+        h.step()
+    assert rec.failed
+    assert all(len(h.outputs[f"r{i}"]) == 20 for i in range(4))
+    rec.close(timeout=5)
+    (engine,) = open_trace(tmp_path).engines
+    errors = [e["error"] for e in engine.manifest["recorder_errors"]]
+    assert any("writer process ended unexpectedly" in e for e in errors), errors
+    assert engine.manifest["closed_cleanly"] is False
+    assert engine.read("steps").num_rows >= 5  # what was flushed before its death stays
+
+
+def test_unknown_writer_is_refused(tiny_model, tmp_path):
+    h = Harness(tiny_model, scenarios.SCENARIOS["mixed"].config)
+    with pytest.raises(ValueError, match="writer='disk'"):
+        attach(h.scheduler, tmp_path, writer="disk")
+    time.sleep(0)
