@@ -26,18 +26,12 @@ class Stub:
     here), so the engine sends these in place of the objects (recorder/handoff.py); to_plain()
     gives a Stub exactly the plain form it gives the object it stands for."""
 
+    # The type's names live in a slot, outside __dict__: a field may be called anything.
+    __slots__ = ("_vc_type", "__dict__")
+
     def __init__(self, qualname: str, type_name: str, size: int, fields: dict) -> None:
         self.__dict__.update(fields)
-        # Outside __dict__'s field names: a field may be called anything.
-        object.__setattr__(self, "_Stub__names", (qualname, type_name, size, tuple(fields)))
-
-    def __reduce__(self):
-        q, t, size, names = self.__names
-        return Stub, (q, t, size, {n: self.__dict__[n] for n in names})
-
-
-def stub_fields(value: "Stub") -> tuple:
-    return value._Stub__names[3]
+        self._vc_type = (qualname, type_name, size)
 
 
 class Opaque:
@@ -48,17 +42,14 @@ class Opaque:
         self.described = described
 
     @property
-    def shape(self):
+    def shape(self):  # rows.py reads a prompt_embeds tensor's length from it
         return self.described.get("shape")
-
-    def __reduce__(self):
-        return Opaque, (self.described,)
 
 
 def type_name(value: Any) -> str:
     t = type(value)
     if t is Stub:
-        return value._Stub__names[1]
+        return value._vc_type[1]
     if t is Opaque:
         return value.described["__opaque__"]
     return f"{t.__module__}.{t.__qualname__}"
@@ -80,7 +71,7 @@ def opaque(value: Any) -> dict:
         return dict(value.described)
     out: dict[str, Any]
     if type(value) is Stub:  # as opaque() described the object it stands for
-        out = {"__opaque__": value._Stub__names[1], "size": value._Stub__names[2]}
+        out = {"__opaque__": value._vc_type[1], "size": value._vc_type[2]}
     else:
         out = {"__opaque__": type_name(value), "size": _size(value)}
     shape = getattr(value, "shape", None)
@@ -120,10 +111,8 @@ def to_plain(value: Any, depth: int = 0) -> Any:
     if isinstance(value, dict):
         return {str(k): v if type(v) in _SCALARS else to_plain(v, d) for k, v in value.items()}
     if type(value) is Stub:
-        names = value._Stub__names
-        out = {"__type__": names[0]}
-        for name in names[3]:
-            v = value.__dict__[name]
+        out = {"__type__": value._vc_type[0]}
+        for name, v in value.__dict__.items():  # in the dataclass's field order
             out[name] = v if type(v) in _SCALARS else to_plain(v, d)
         return out
     if type(value) is Opaque:

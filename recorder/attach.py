@@ -17,9 +17,8 @@ import os
 import time
 from typing import Any
 
-from vllm_contract.recorder import snapshot
+from vllm_contract.recorder import snapshot, writer_proc
 from vllm_contract.recorder.engine_info import dp_rank, engine_settings
-from vllm_contract.recorder import writer_proc
 from vllm_contract.recorder.writer import TraceWriter
 
 log = logging.getLogger("vllm_contract.recorder")
@@ -93,7 +92,7 @@ class Recorder:
         self.writer = _start_writer(trace_dir, manifest, dp_rank(scheduler), writer_options,
                                     self.fields)
         # A writer process takes the vLLM objects themselves: its pickle is the snapshot.
-        self._raw = getattr(self.writer, "raw", False)
+        self._raw = self.writer.raw
         self.path = self.writer.dir
         if install:
             self.install(_initial=True)
@@ -285,7 +284,7 @@ def _start_writer(trace_dir: Any, manifest: dict, rank: int, options: dict,
         try:
             return writer_proc.ProcessWriter(trace_dir, manifest, fields.to_dict(), dp_rank=rank,
                                              **options)
-        except ValueError:
+        except (TypeError, ValueError):  # bad options: the caller's error, not the platform's
             raise
         except Exception as e:
             log.warning("vllm-contract: no writer process (%s: %s); writing from a thread",

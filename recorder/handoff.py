@@ -3,9 +3,9 @@
 The engine side pickles each item with `pickle`'s C pickler: a deep copy at C speed, taken where
 the snapshot must be taken (inside schedule(), before update_from_output()), of the
 SchedulerOutput or ModelRunnerOutput itself: 60–90 µs per 256-request decode step in a running
-harness, less than the snapshot and its own encoding together. Objects that are not plain Python data never cross as
-themselves, so the writer process needs no vLLM (and cannot run code from the bytes): a reducer
-hook turns each into what `plain.to_plain()` would make of it —
+harness, less than the snapshot and its own encoding together. Objects that are not plain
+Python data never cross as themselves, so the writer process needs no vLLM (and cannot run code
+from the bytes): a reducer hook turns each into what `plain.to_plain()` would make of it —
 - a dataclass or msgspec struct (NewRequestData, SamplingParams, ...) into a `plain.Stub` with
   its fields;
 - an enum into its "Class.NAME" string; a subclass of int, float, str, list, tuple, dict, set or

@@ -8,7 +8,10 @@ covered by the next one. The ring never blocks the engine: an item that does not
 
 The reader publishes how far it has consumed in the ring's header, always after a system call
 that followed its reads, for the same ordering reason. The header also carries the reader's
-answers to the engine: the last barrier done, and whether its writer failed or has closed.
+answers to the engine: the last barrier done, and whether its writer failed.
+
+Not to be confused with receipts.Ring (a worker's last receipts, overwritten in place): this one
+is a queue, and nothing in it is overwritten before it has been read.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ HEADER = 64
 _U64 = struct.Struct("<Q")
 _LEN = struct.Struct("<I")
 # Header fields (u64 each), all written by the reader.
-READ_POS, ACK, FAILED, CLOSED = 0, 8, 16, 24
+READ_POS, ACK, FAILED = 0, 8, 16
 
 
 class RingWriter:

@@ -73,6 +73,12 @@ def _yield_gil() -> None:
         _next_yield = now + YIELD_S
 
 
+# The writer options and their defaults, for both writers (writer.py, writer_proc.py).
+DEFAULTS = {"flush_steps": 64, "flush_seconds": 1.0, "segment_bytes": 64 << 20,
+            "max_pending": 16384, "max_pending_bytes": 256 << 20, "max_trace_bytes": None,
+            "on_full": "drop", "redact_prompts": False, "pickle_opaque": False}
+
+
 def check_options(on_full: str, segment_bytes: int, max_trace_bytes: int | None) -> int:
     """Validates on_full; returns the segment size to use."""
     if on_full not in ("drop", "block"):
@@ -110,12 +116,19 @@ def new_manifest(manifest: dict, dp_rank: int, *, flush_steps: int, flush_second
 
 
 class TraceWriter:
+    raw = False  # takes snapshot.py's snapshots (the writer process takes the vLLM objects)
+
     def __init__(self, trace_dir: str | os.PathLike | None, manifest: dict, *, dp_rank: int = 0,
-                 flush_steps: int = 64, flush_seconds: float = 1.0,
-                 segment_bytes: int = 64 << 20, max_pending: int = 16384,
-                 max_pending_bytes: int = 256 << 20, max_trace_bytes: int | None = None,
-                 on_full: str = "drop", redact_prompts: bool = False,
-                 pickle_opaque: bool = False, engine_dir: Path | None = None) -> None:
+                 flush_steps: int = DEFAULTS["flush_steps"],
+                 flush_seconds: float = DEFAULTS["flush_seconds"],
+                 segment_bytes: int = DEFAULTS["segment_bytes"],
+                 max_pending: int = DEFAULTS["max_pending"],
+                 max_pending_bytes: int = DEFAULTS["max_pending_bytes"],
+                 max_trace_bytes: int | None = DEFAULTS["max_trace_bytes"],
+                 on_full: str = DEFAULTS["on_full"],
+                 redact_prompts: bool = DEFAULTS["redact_prompts"],
+                 pickle_opaque: bool = DEFAULTS["pickle_opaque"],
+                 engine_dir: Path | None = None) -> None:
         """With engine_dir (a writer process's writer), the engine process has made the
         directory and the whole manifest already, and trace_dir is not used."""
         segment_bytes = check_options(on_full, segment_bytes, max_trace_bytes)
@@ -341,11 +354,20 @@ class TraceWriter:
     def fail(self, e: BaseException) -> None:
         """From the engine thread: recording is disabled; the writer notes why in the manifest
         (and writes it at once, so that a crash later does not lose the note)."""
+        self.note_failure(f"{type(e).__name__}: {e}", time.time())
+
+    def note_failure(self, error: str, when: float) -> None:
+        """fail(), for an error already put in words (by a writer process's engine)."""
         if self.failed:
             return
         self.failed = True
-        self._items.append(("error", -1, f"{type(e).__name__}: {e}", time.time()))
+        self._items.append(("error", -1, error, when))
         self._wake.set()
+
+    def note_dropped(self, steps: list[int]) -> None:
+        """Steps dropped before they reached this writer (a writer process's full ring)."""
+        for step in steps:
+            self._items.append(("drop", step))
 
     def _fail(self, e: BaseException) -> None:
         self.failed = True

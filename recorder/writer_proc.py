@@ -1,4 +1,5 @@
-"""The writer in a process of its own: what the engine process keeps is one memcpy per item.
+"""The writer in a process of its own: what the engine thread keeps is one pickle and one
+memcpy per item.
 
 In a writer thread, turning snapshots into Arrow batches holds the engine's GIL: about 250 µs of
 Python per step at 256 running requests, and the engine slowed by 12–16 % in whole runs
@@ -19,19 +20,22 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pickle
 import signal
+import socket
 import subprocess
 import sys
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any
 
 from vllm_contract import schema
 from vllm_contract.recorder import handoff
-from vllm_contract.recorder.ring import ACK, CLOSED, FAILED, RingReader, RingWriter
+from vllm_contract.recorder.ring import ACK, FAILED, RingReader, RingWriter
 from vllm_contract.recorder.segments import write_json_atomic
 from vllm_contract.recorder.writer import (
-    _new_engine_dir, check_options, engine_dir_name, new_manifest)
+    DEFAULTS, _new_engine_dir, check_options, engine_dir_name, new_manifest)
 
 log = logging.getLogger("vllm_contract.recorder")
 
@@ -53,32 +57,27 @@ class ProcessWriter:
     raw = True
 
     def __init__(self, trace_dir: str | os.PathLike, manifest: dict, fields: dict, *,
-                 dp_rank: int = 0,
-                 flush_steps: int = 64, flush_seconds: float = 1.0,
-                 segment_bytes: int = 64 << 20, max_pending: int = 16384,
-                 max_pending_bytes: int = 256 << 20, max_trace_bytes: int | None = None,
-                 on_full: str = "drop", redact_prompts: bool = False,
-                 pickle_opaque: bool = False) -> None:
-        segment_bytes = check_options(on_full, segment_bytes, max_trace_bytes)
-        options = {"flush_steps": flush_steps, "flush_seconds": flush_seconds,
-                   "segment_bytes": segment_bytes, "max_pending": max_pending,
-                   "max_pending_bytes": max_pending_bytes, "max_trace_bytes": max_trace_bytes,
-                   "on_full": on_full, "redact_prompts": redact_prompts,
-                   "pickle_opaque": pickle_opaque}
-        import socket
+                 dp_rank: int = 0, **options: Any) -> None:
+        """options: TraceWriter's (writer.DEFAULTS); the child's TraceWriter gets them."""
+        unknown = set(options) - set(DEFAULTS)
+        if unknown:
+            raise TypeError(f"unknown writer options: {', '.join(sorted(unknown))}")
+        options = {**DEFAULTS, **options}
+        options["segment_bytes"] = check_options(options["on_full"], options["segment_bytes"],
+                                                 options["max_trace_bytes"])
         self.dir = _new_engine_dir(Path(trace_dir),
                                    engine_dir_name(socket.gethostname(), os.getpid(), dp_rank))
         first = new_manifest(manifest, dp_rank, process=True, **options)
         write_json_atomic(self.dir / schema.MANIFEST, first)  # a trace exists from here on
-        self.block_when_full = on_full == "block"
+        self.block_when_full = options["on_full"] == "block"
         self._failed = False
         self._child_failed = False
         self._stopping = False
         self._barrier = 0
         self._dropped: list[int] = []  # steps the ring had no room for, told with the next item
-        self._backlog: list[bytes] = []  # non-step items that found no room: sent first, next
+        self._backlog: deque[bytes] = deque()  # non-step items that found no room: sent first
         self._encoder = handoff.Encoder()
-        self.ring = RingWriter(max(1 << 20, min(RING_BYTES, max_pending_bytes)))
+        self.ring = RingWriter(max(1 << 20, min(RING_BYTES, options["max_pending_bytes"])))
         self.proc = subprocess.Popen(
             [sys.executable, "-c",
              "from vllm_contract.recorder.writer_proc import child_main; child_main()",
@@ -88,8 +87,7 @@ class ProcessWriter:
             # it ends when the commit pipe does.
             start_new_session=True)
         self.ring.close_reader_end()  # the child's now
-        init = ("init", str(self.dir), first, options, fields)
-        if not self._put(self._encoder.encode(init)):
+        if not self._put(_control(("init", str(self.dir), first, options, fields))):
             raise RuntimeError("the writer ring cannot hold the first item")
 
     # -- engine thread -------------------------------------------------------------------------
@@ -106,7 +104,7 @@ class ProcessWriter:
             return self._child_failed
         return bool(self.ring.header(FAILED))
 
-    def submit(self, kind: str, step: int, *payload: Any, cost: int = 0) -> bool:
+    def submit(self, kind: str, step: int, *payload: Any) -> bool:
         """Queue an item; never waits (unless on_full="block"). A step the ring has no room for
         is dropped and its number sent with the next item that fits."""
         if self._failed:
@@ -126,30 +124,28 @@ class ProcessWriter:
     def _catch_up(self) -> bool:
         """Send what waits (dropped step numbers, then refused items); True when nothing does."""
         if self._dropped:
-            if not self._put(self._encoder.encode(("dropped", -1, self._dropped))):
+            if not self._put(_control(("dropped", -1, self._dropped))):
                 return False
             self._dropped = []
         while self._backlog:
             if not self._put(self._backlog[0]):
                 return False
-            self._backlog.pop(0)
+            self._backlog.popleft()
         return True
 
     def _put(self, data: bytes, commit: bool = True) -> bool:
         try:
             return self.ring.put(data, commit)
-        except (BrokenPipeError, OSError) as e:
+        except OSError as e:  # BrokenPipeError: the child is gone
             self._child_gone(e)
             return False
 
-    def _wait_for_room(self, need: int, timeout: float | None = None) -> bool:
-        deadline = None if timeout is None else time.monotonic() + timeout
+    def _wait_for_room(self, need: int) -> bool:
+        """on_full="block": the engine waits for room (never for a dead child)."""
         while self.ring.free() < need + 64:
             if self.failed or self._stopping or not self.alive():
                 return False
             if need + 64 > self.ring.capacity:  # one item larger than the whole ring
-                return False
-            if deadline is not None and time.monotonic() > deadline:
                 return False
             time.sleep(0.0005)
         return True
@@ -157,7 +153,7 @@ class ProcessWriter:
     def _send(self, item: tuple, timeout: float) -> bool:
         """A control item that must arrive: waits for room up to timeout (also after a
         failure: the child still has to note it and seal the trace)."""
-        data = self._encoder.encode(item)
+        data = _control(item)
         deadline = time.monotonic() + timeout
         while not self.ring.closed_commits:
             if self._catch_up() and self._put(data):
@@ -169,7 +165,7 @@ class ProcessWriter:
 
     def update_manifest(self, **values: Any) -> None:
         """Merge keys into the manifest (written by the child)."""
-        data = self._encoder.encode(("manifest", -1, values))
+        data = _control(("manifest", -1, values))
         if not self._catch_up() or not self._put(data):
             self._backlog.append(data)
 
@@ -191,10 +187,13 @@ class ProcessWriter:
         (at once if the ring has room, else at close)."""
         if self._failed:
             return
-        data = self._encoder.encode(("error", -1, f"{type(e).__name__}: {e}", time.time()))
-        if not self._catch_up() or not self._put(data):
-            self._backlog.append(data)
         self._failed = True
+        try:  # never raises into the engine, even if what failed was our pickling
+            data = _control(("error", -1, f"{type(e).__name__}: {e}", time.time()))
+            if not self._catch_up() or not self._put(data):
+                self._backlog.append(data)
+        except Exception as e2:
+            log.error("vllm-contract: cannot note the error: %s", e2)
 
     def close(self, timeout: float = 30.0, wait: bool = True) -> bool:
         """Send the stop and end the commit pipe; with wait, wait for the child to seal the
@@ -241,6 +240,12 @@ class ProcessWriter:
             log.error("vllm-contract: cannot update the manifest: %s", e2)
 
 
+def _control(item: tuple) -> bytes:
+    """A control item (plain data only): the standard pickler, independent of the Encoder's
+    state, which may be what just failed."""
+    return pickle.dumps(item, protocol=5)
+
+
 def child_main() -> None:
     """The writer process: read items from the ring until the stop or the end of the pipe."""
     from vllm_contract.recorder.snapshot import Fields, model_output, scheduler_output
@@ -263,17 +268,16 @@ def child_main() -> None:
                 w = TraceWriter(None, manifest, engine_dir=Path(engine_dir), **options)
             elif kind == "stop":
                 w.close(timeout=600)
-                reader.set(CLOSED, 1)
                 return
             elif kind == "barrier":
                 w.flush(timeout=600)
                 reader.set(ACK, item[1])
             elif kind == "dropped":
-                for step in item[2]:
-                    w._items.append(("drop", step))
-            elif kind in ("manifest", "error"):
-                w._items.append(item)
-                w._wake.set()
+                w.note_dropped(item[2])
+            elif kind == "manifest":
+                w.update_manifest(**item[2])
+            elif kind == "error":  # the engine side failed: as TraceWriter.fail() there
+                w.note_failure(item[2], item[3])
             elif kind == "schedule":  # (kind, step, t_ns, dur_ns, state, SchedulerOutput)
                 if not w.submit(kind, item[1], *item[2:5], scheduler_output(item[5], fields),
                                 cost=len(data)):

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import pickle
 import signal
-import time
 
 import pytest
 
@@ -125,4 +124,29 @@ def test_unknown_writer_is_refused(tiny_model, tmp_path):
     h = Harness(tiny_model, scenarios.SCENARIOS["mixed"].config)
     with pytest.raises(ValueError, match="writer='disk'"):
         attach(h.scheduler, tmp_path, writer="disk")
-    time.sleep(0)
+
+
+@pytest.mark.parametrize("writer", ["thread", "process"])
+def test_an_engine_side_recorder_failure_is_noted_and_the_engine_goes_on(tiny_model, tmp_path,
+                                                                        writer):
+    """A KV-connector metadata object that refers to itself: the writer process's pickler
+    refuses the cycle (the writer thread only describes it). Either way the engine's steps
+    go on, and a recording that failed says so."""
+    cyclic: list = []
+    cyclic.append(cyclic)
+    steps = [0]
+
+    def on_schedule(so):
+        steps[0] += 1
+        if steps[0] == 4:
+            so.kv_connector_metadata = cyclic
+
+    h = scenarios.run("mixed", tiny_model, tmp_path, on_schedule=on_schedule, writer=writer)
+    assert h.outputs == scenarios.run("mixed", tiny_model).outputs  # unrecorded
+    (engine,) = open_trace(tmp_path).engines
+    m = engine.manifest
+    if writer == "process":
+        assert any("cyclic" in e["error"] for e in m["recorder_errors"]), m["recorder_errors"]
+        assert m["closed_cleanly"] is False
+    else:
+        assert m["closed_cleanly"] is True and not m["recorder_errors"]
