@@ -81,8 +81,10 @@ class ProcessWriter:
         self.proc = subprocess.Popen(
             [sys.executable, "-c",
              "from vllm_contract.recorder.writer_proc import child_main; child_main()",
-             str(self.ring.fd), str(self.ring.commit_r), str(self.ring.capacity)],
-            pass_fds=(self.ring.fd, self.ring.commit_r), stdin=subprocess.DEVNULL,
+             str(self.ring.fd), str(self.ring.commit_r), str(self.ring.wake_r),
+             str(self.ring.capacity)],
+            pass_fds=(self.ring.fd, self.ring.commit_r, self.ring.wake_r),
+            stdin=subprocess.DEVNULL,
             # A Ctrl-C to the engine's process group must not cost the rows the child holds:
             # it ends when the commit pipe does.
             start_new_session=True)
@@ -147,6 +149,7 @@ class ProcessWriter:
                 return False
             if need + 64 > self.ring.capacity:  # one item larger than the whole ring
                 return False
+            self.ring.wake()
             time.sleep(0.0005)
         return True
 
@@ -157,6 +160,7 @@ class ProcessWriter:
         deadline = time.monotonic() + timeout
         while not self.ring.closed_commits:
             if self._catch_up() and self._put(data):
+                self.ring.wake()
                 return True
             if time.monotonic() > deadline or not self.alive():
                 return False
@@ -252,13 +256,15 @@ def child_main() -> None:
     from vllm_contract.recorder.writer import TraceWriter
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    fd, commit_fd, capacity = map(int, sys.argv[1:4])
-    reader = RingReader(fd, commit_fd, capacity)
+    fd, commit_fd, wake_fd, capacity = map(int, sys.argv[1:5])
+    reader = RingReader(fd, commit_fd, wake_fd, capacity)
     w = None
     told_failed = False
     dropped: set[int] = set()  # steps this writer dropped: their updates go too (no orphans)
+    busy = False
     while True:
-        more = reader.wait()
+        more = reader.wait(busy)
+        busy = reader.pending()
         for data in reader.items():
             item = handoff.decode(data)
             kind = item[0]
@@ -300,8 +306,6 @@ def child_main() -> None:
                                            "recording; the writer process wrote what it had")
                 w.close(timeout=600)
             return
-        time.sleep(0.002)  # let commits gather: the engine's write then wakes nobody
-        reader.release()  # after a system call (the sleep) that followed the reads
 
 
 if __name__ == "__main__":

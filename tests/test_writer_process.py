@@ -46,6 +46,20 @@ def test_real_vllm_objects_cross_as_their_plain_form(tiny_model):
     assert got["request"].req_id == "a" and got["request"].block_ids == new[0].block_ids
 
 
+def test_every_scheduler_output_of_a_run_crosses_as_its_plain_form(tiny_model):
+    """Each SchedulerOutput of the mixed scenario (new, cached, preempted, aborted, an id
+    reused) reaches the writer process with exactly its plain form."""
+    enc = handoff.Encoder()
+    seen = []
+
+    def check(out):
+        assert to_plain(handoff.decode(enc.encode(out))) == to_plain(out)
+        seen.append(len(out.num_scheduled_tokens))
+
+    scenarios.run("mixed", tiny_model, on_schedule=check)
+    assert len(seen) > 20 and max(seen) > 2
+
+
 def test_reading_an_item_never_runs_code_from_it(tmp_path):
     marker = tmp_path / "ran"
 
@@ -60,7 +74,7 @@ def test_reading_an_item_never_runs_code_from_it(tmp_path):
 
 def test_ring_keeps_order_across_the_wrap_and_refuses_what_does_not_fit():
     ring = RingWriter(1000)
-    reader = RingReader(ring.fd, ring.commit_r, ring.capacity)
+    reader = RingReader(ring.fd, ring.commit_r, ring.wake_r, ring.capacity)
     sent, got = [], []
     for i in range(200):
         data = bytes([i % 251]) * (i * 7 % 180 + 1)
@@ -68,16 +82,28 @@ def test_ring_keeps_order_across_the_wrap_and_refuses_what_does_not_fit():
         assert ring.put(data, commit=commit)
         sent.append(data)
         if commit and i % 4 == 0:  # (the reader blocks until a commit comes)
-            reader.wait()
+            reader.wait(busy=False)
             got.extend(reader.items())
             reader.release()
-    reader.wait()
+    reader.wait(busy=False)
     got.extend(reader.items())
     assert got == sent  # every item once, in order, whole, also those that wrapped round
     reader.release()
     assert ring.put(b"x" * 996) and not ring.put(b"y")  # full: refused, nothing written
-    reader.wait()
+    reader.wait(busy=False)
     assert list(reader.items()) == [b"x" * 996]
+    reader.release()
+    # A busy reader takes commits at its next round, or at once when woken; the end of the
+    # commits ends its waiting (within two rounds: the last commits, then the end).
+    assert ring.put(b"a") and reader.wait(busy=True) and list(reader.items()) == [b"a"]
+    reader.release()
+    assert ring.put(b"b")
+    ring.wake()
+    assert reader.wait(busy=True) and list(reader.items()) == [b"b"]
+    assert ring.put(b"c")
+    ring.close_commits()
+    rounds = [reader.wait(busy=True), reader.wait(busy=True)]
+    assert list(reader.items()) == [b"c"] and rounds[-1] is False
     ring.close()
 
 
