@@ -8,10 +8,12 @@ the engine: an item that does not fit is refused.
 
 While the engine is busy the reader does not sleep on the commit pipe: it wakes every POLL_S
 and takes what has gathered. A commit then wakes nobody (a wake-up per step cost the engine
-thread 4–8 µs in its commit and the reader a round of work for one step), and the reader's work
-comes in batches. What must not wait for the next round (a flush barrier, the stop) is followed
-by a byte on a second pipe, which the reader always listens to; the end of either pipe (the
-engine closed the ring, or its process ended) wakes it too. An idle reader sleeps on both.
+thread 4–8 µs in its commit), and the reader works in batches: on a CPU engine whose model
+threads keep both cores' caches full, its CPU per step fell by half from one round per step to
+one per 250 ms (bench/RESULTS.md). What must not wait for the next round (a flush barrier, the
+stop, a ring half full) is followed by a byte on a second pipe, which the reader always listens
+to; the end of either pipe (the engine closed the ring, or its process ended) wakes it too. An
+idle reader sleeps on both.
 
 The reader publishes how far it has consumed in the ring's header, always after a system call
 that followed its reads, for the same ordering reason. The header also carries the reader's
@@ -29,7 +31,7 @@ import select
 import struct
 
 HEADER = 64
-POLL_S = 0.05
+POLL_S = 0.25
 _U64 = struct.Struct("<Q")
 _LEN = struct.Struct("<I")
 # Header fields (u64 each), all written by the reader.
@@ -53,6 +55,7 @@ class RingWriter:
         os.set_blocking(self.wake_w, False)
         self.pos = 0
         self.closed_commits = False
+        self._woken_at = -1  # the reader's position when it was last woken for room
 
     def header(self, field: int) -> int:
         return _U64.unpack_from(self.mm, field)[0]
@@ -67,13 +70,19 @@ class RingWriter:
         if self.closed_commits:
             return False
         need = _LEN.size + len(data)
-        if need > self.free():
+        read_pos = self.header(READ_POS)
+        free = self.capacity - (self.pos - read_pos)
+        if need > free:
             return False
         self._copy(self.pos, _LEN.pack(len(data)))
         self._copy(self.pos + _LEN.size, data)
         self.pos += need
         if commit:
             self.commit()
+            # half full: the reader comes now rather than at its next round (once per round)
+            if free - need < self.capacity // 2 and self._woken_at != read_pos:
+                self._woken_at = read_pos
+                self.wake()
         return True
 
     def commit(self) -> None:

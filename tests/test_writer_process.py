@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import select
 import signal
 
 import pytest
@@ -100,6 +101,15 @@ def test_ring_keeps_order_across_the_wrap_and_refuses_what_does_not_fit():
     assert ring.put(b"b")
     ring.wake()
     assert reader.wait(busy=True) and list(reader.items()) == [b"b"]
+    reader.release()
+    # Filling the ring past half wakes the reader (once, until it has read on).
+    woken = []
+    for i in range(9):
+        assert ring.put(bytes(56))
+        woken.append(bool(select.select([ring.wake_r], [], [], 0)[0]))
+    assert woken == [False] * 8 + [True]  # 9 x 60 bytes of 1000 left less than half free
+    assert reader.wait(busy=True) and len(list(reader.items())) == 9
+    reader.release()
     assert ring.put(b"c")
     ring.close_commits()
     rounds = [reader.wait(busy=True), reader.wait(busy=True)]
