@@ -23,7 +23,7 @@ import weakref
 from typing import Any
 
 from vllm_contract.recorder.attach import Recorder
-from vllm_contract.recorder.engine_info import dp_rank
+from vllm_contract.recorder.engine_info import dp_rank, model_on_cpu
 
 log = logging.getLogger("vllm_contract.recorder")
 
@@ -60,6 +60,11 @@ class ArmedEngine:
         self._limits: dict[int, tuple] = {}  # id(recorder) -> (max_steps, deadline)
         self.receipts = None
         self.index = 0
+        # An engine running its model on the CPU: the writer thread. There the recorder's total
+        # CPU is what the model loses, and the writer process's pickle round trip adds to it
+        # (bench/RESULTS.md); elsewhere the process, which keeps the work off the engine thread.
+        self.default_writer = ("thread" if executor is not None and model_on_cpu(scheduler)
+                               else "auto")
         if executor is not None:
             try:
                 from vllm_contract.recorder.receipts import for_executor
@@ -182,7 +187,8 @@ class ArmedEngine:
             manifest_extra["limits"] = {"steps": max_steps, "seconds": max_seconds}
         rec = Recorder(self.scheduler, trace_dir, install=False, wrap_schedule=False,
                        started_by=started_by, receipts=self.receipts,
-                       manifest_extra=manifest_extra, **writer_options)
+                       manifest_extra=manifest_extra, default_writer=self.default_writer,
+                       **writer_options)
         deadline = None if max_seconds is None else time.monotonic() + max_seconds
         with self._lock:
             try:

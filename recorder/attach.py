@@ -61,7 +61,7 @@ class Recorder:
     def __init__(self, scheduler: Any, trace_dir: str | os.PathLike, *, install: bool = True,
                  wrap_schedule: bool = True, started_by: str = "attach()",
                  receipts: Any = None, manifest_extra: dict | None = None,
-                 **writer_options: Any) -> None:
+                 default_writer: str = "auto", **writer_options: Any) -> None:
         self.scheduler = scheduler
         self.fields = snapshot.Fields(pickle_opaque=writer_options.get("pickle_opaque", False))
         self.step = 0
@@ -90,7 +90,7 @@ class Recorder:
             **(manifest_extra or {}),
         }
         self.writer = _start_writer(trace_dir, manifest, dp_rank(scheduler), writer_options,
-                                    self.fields)
+                                    self.fields, default_writer)
         # A writer process takes the vLLM objects themselves: its pickle is the snapshot.
         self._raw = self.writer.raw
         self.path = self.writer.dir
@@ -271,12 +271,12 @@ WRITER_ENV = "VLLM_CONTRACT_WRITER"
 
 
 def _start_writer(trace_dir: Any, manifest: dict, rank: int, options: dict,
-                  fields: snapshot.Fields) -> Any:
+                  fields: snapshot.Fields, default: str = "auto") -> Any:
     """The writer process where this platform has one (Linux), else the writer thread; option
-    writer= or VLLM_CONTRACT_WRITER ("process", "thread") chooses. A process that cannot start
-    falls back to the thread, with a warning."""
+    writer=, else VLLM_CONTRACT_WRITER, else `default` ("process", "thread", "auto") chooses. A
+    process that cannot start falls back to the thread, with a warning."""
     options = dict(options)
-    kind = options.pop("writer", None) or os.environ.get(WRITER_ENV) or "auto"
+    kind = options.pop("writer", None) or os.environ.get(WRITER_ENV) or default
     if kind not in ("auto", "process", "thread"):
         raise ValueError(f"writer={kind!r}: use 'process', 'thread' or 'auto'")
     # Pickled opaque payloads are pickles of the objects themselves, which only this process has.

@@ -48,3 +48,9 @@ def engine_settings(scheduler: Any) -> dict:
 
 def dp_rank(scheduler: Any) -> int:
     return int(_get(scheduler, "vllm_config", "parallel_config", "data_parallel_rank", default=0))
+
+
+def model_on_cpu(scheduler: Any) -> bool:
+    """Whether the engine runs its model on the CPU (vLLM's CPU build): its OpenMP threads then
+    keep every core busy, and whatever CPU the recorder spends comes out of the model's."""
+    return _get(scheduler, "vllm_config", "device_config", "device_type") == "cpu"

@@ -151,6 +151,8 @@ def test_running_mp_engine_env_var_attach_detach_and_shutdown(tiny_model, tmp_pa
         (ea,) = open_trace(t["a"]).engines
         assert ea.manifest["started_by"] == "VLLM_CONTRACT_TRACE_DIR"
         assert ea.manifest["pid"] == core
+        # a model on the CPU: the writer thread by default (recorder/armed.py says why)
+        assert ea.manifest["writer"]["process"] is False
         assert_complete(ea, a, "MultiprocExecutor")
 
         phase("b", 2)  # not recorded
@@ -194,21 +196,24 @@ def test_running_mp_engine_env_var_attach_detach_and_shutdown(tiny_model, tmp_pa
 
 
 def test_record_runs_a_script_and_passes_its_exit_code(tiny_model, tmp_path):
+    """The script's engine (in-process) runs a user's --scheduler-cls, a subclass of
+    AsyncScheduler, on the batch-queue step path: it is recorded all the same. The writer
+    chosen by the environment wins over the CPU engine's default."""
     res = tmp_path / "results"
     res.mkdir()
     trace = tmp_path / "trace"
-    """The script's engine (in-process) runs a user's --scheduler-cls, a subclass of
-    AsyncScheduler, on the batch-queue step path: it is recorded all the same."""
     r = subprocess.run(CLI + ["record", "--out", str(trace), "--flush-seconds", "0.2", "--",
                               sys.executable, CHILD, tiny_model, str(res), "once", "x", "4", "7",
                               "--user-async-scheduler", "--batch-queue"],
-                       env=child_env(False), capture_output=True, text=True, timeout=300)
+                       env=child_env(False, VLLM_CONTRACT_WRITER="process"), capture_output=True,
+                       text=True, timeout=300)
     assert r.returncode == 7, r.stderr[-3000:]
     assert f"vllm-contract: trace: {trace}  (1 engine(s)," in r.stderr, r.stderr[-2000:]
     (e,) = open_trace(trace).engines
     assert_complete(e, json.loads((res / "x.json").read_text()), "UniProcExecutor",
                     unanswered_tail=1)
     assert e.manifest["writer"]["flush_seconds"] == 0.2
+    assert e.manifest["writer"]["process"] is True
     assert e.manifest["engine"]["scheduler_class"].endswith("UserAsyncScheduler")
 
 

@@ -13,6 +13,7 @@ import pytest
 from vllm_contract.plain import opaque, to_plain, type_name
 from vllm_contract.recorder import attach, handoff
 from vllm_contract.recorder.ring import RingReader, RingWriter
+from vllm_contract.recorder.writer_proc import ProcessWriter
 from vllm_contract.replay.trace import open_trace
 from vllm_contract.rig import scenarios
 from vllm_contract.rig.harness import Harness
@@ -136,7 +137,8 @@ def test_process_and_thread_writers_write_the_same_tables(tiny_model, tmp_path):
 
 def test_engine_goes_on_when_the_writer_process_dies(tiny_model, tmp_path):
     h = Harness(tiny_model, scenarios.SCENARIOS["mixed"].config)
-    rec = attach(h.scheduler, tmp_path, writer="process")
+    rec = attach(h.scheduler, tmp_path)  # a scheduler alone (no model on the CPU): the process
+    assert isinstance(rec.writer, ProcessWriter)
     for i in range(4):
         h.add(f"r{i}", list(range(1, 30)), max_tokens=20)
     for _ in range(5):
