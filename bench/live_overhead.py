@@ -1,19 +1,21 @@
 """What live recording costs an engine (issue: live engines).
 
-1. A live CPU engine: generated tokens per second with recording on ÷ off. One in-process
-   `LLM`, armed exactly as the plugin arms an engine core (gate, executor hand-off counter,
-   worker receipts) and recording; turns of one `generate()` of the same greedy batch alternate
-   between recording and paused (order alternating too), each recorded turn ending with a flush
-   barrier so that the writer's work is paid inside it. In-process is the pessimistic case: the
-   writer thread shares the GIL with the engine loop and the front end. Two models: the tiny
-   Llama of the tests (a step is mostly vLLM's own Python, the recorder's worst case) and a
+1. A live CPU engine: generated tokens per second with recording on ÷ off, for each writer
+   (the writer process, the default on Linux, and the writer thread). One in-process `LLM`,
+   armed exactly as the plugin arms an engine core (gate, executor hand-off counter, worker
+   receipts) once per writer; turns of `generate()` of the same greedy batch (repeated so that a
+   turn lasts at least --turn-seconds) rotate through unrecorded and each writer recording
+   (order rotating too), each recorded turn ending with a flush barrier so that the writer's
+   work is paid inside it. Two models: the tiny Llama of
+   the tests (a step is mostly vLLM's own Python, the recorder's worst case) and a
    ~60M-parameter random Llama (a step nearer a real deployment's). Target ≥ 0.98.
 2. The real Scheduler (harness, no model) at n running decode requests: steps per second with
    the plugin armed but not recording ÷ no plugin at all, on one scheduler whose blocks of
    steps alternate between armed and not. Target ≥ 0.995. Beside it, the gate measured alone:
    the extra time of one schedule() call through the armed gate, against the step time.
 
-Usage: python bench/live_overhead.py [--turns 12] [--reqs 16] [--tokens 128]
+Usage: python bench/live_overhead.py [--models tiny small] [--writers process thread]
+                                     [--turns 30] [--turn-seconds 1.5] [--reqs 16] [--tokens 128]
                                      [--harness-reqs 256] [--blocks 30] [--block-steps 50]
 Prints markdown tables; paste them into bench/RESULTS.md with the date and machine.
 """
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import math
 import os
 import platform
 import shutil
@@ -81,55 +84,76 @@ def build_model(name: str) -> str:
     return str(out)
 
 
-def live_engine(name: str, turns: int, reqs: int, tokens: int, tmp: Path) -> dict:
-    """One engine, armed as the plugin arms it and recording from the start; every other turn
-    the recording is paused. The same engine (weights, caches, threads) serves both sides, so
-    two engine instances' differences cannot pass for the recorder's cost. A paused turn still
-    runs the gate and the wrappers (a flag check each); it writes nothing. Each recorded turn
-    ends with a flush barrier: the writer's work for it is paid inside it."""
+def live_engine(name: str, turns: int, reqs: int, tokens: int, tmp: Path,
+                writers: list[str], turn_s: float) -> list[dict]:
+    """One engine, armed as the plugin arms it, once per writer (process, thread): each
+    recording starts paused. Turns rotate through unrecorded and one recording per writer, the
+    order rotating too. The same engine (weights, caches, threads) serves every side, so two
+    engine instances' differences cannot pass for the recorder's cost. A paused recording still
+    runs its gate and wrappers (a flag check each): every side pays all of those. Each recorded
+    turn ends with a flush barrier: the writer's work for it is paid inside it."""
     from vllm_contract.rig.engine import make_llm, params
 
     model = build_model(name)
     llm = make_llm(model, kv_blocks=64, max_num_batched_tokens=512, max_num_seqs=reqs,
                    enable_prefix_caching=False, kv_cache_memory_bytes=64 * MODELS[name][0])
     core = llm.llm_engine.engine_core.engine_core
-    armed = plugin.arm_engine(core, core.scheduler, settings.Settings(
-        trace_dir=str(tmp / name), writer_options=dict(settings.LIVE_DEFAULTS)), serve=False)
-    rec = armed.recorder
+    armed = {w: plugin.arm_engine(core, core.scheduler, settings.Settings(
+        trace_dir=str(tmp / name / w), writer_options={**settings.LIVE_DEFAULTS, "writer": w}),
+        serve=False) for w in writers}
+    recs = {w: a.recorder for w, a in armed.items()}
+    for rec in recs.values():
+        rec.pause()
     prompts = [{"prompt_token_ids": prompt(i, 64 + 16 * i)} for i in range(reqs)]
     sampling = params(tokens)
-    rec.pause()
     llm.generate(prompts[:2], params(8), use_tqdm=False)  # warm up
+    # A turn lasts at least turn_s (its generate() repeated): the flush barrier that ends a
+    # recorded turn blocks the engine for one flush (6-10 ms here), which a running engine
+    # pays once per flush interval (1 s) in the writer, never in its own thread.
+    t0 = time.perf_counter()
+    llm.generate(prompts, sampling, use_tqdm=False)
+    rounds = max(1, math.ceil(turn_s / (time.perf_counter() - t0)))
     gc.collect()
     gc.freeze()
-    times = {"off": [], "on": []}
-    generated = {"off": 0, "on": 0}
+    # what a writer process spent starting (imports: pyarrow alone ~0.3 s) is not per step
+    cpu0 = {w: writer_cpu_s(r.writer) for w, r in recs.items()}
+    sides = ["off", *writers]
+    times = {m: [] for m in sides}
+    generated = {m: 0 for m in sides}
     for t in range(turns):
-        for mode in (("off", "on") if t % 2 == 0 else ("on", "off")):
-            if mode == "on":
+        for mode in sides[t % len(sides):] + sides[:t % len(sides)]:
+            rec = recs.get(mode)
+            if rec is not None:
                 rec.resume()
             t0 = time.perf_counter()
-            out = llm.generate(prompts, sampling, use_tqdm=False)
-            if mode == "on":
+            for _ in range(rounds):
+                out = llm.generate(prompts, sampling, use_tqdm=False)
+                generated[mode] += sum(len(r.outputs[0].token_ids) for r in out)
+            if rec is not None:
                 rec.pause()
                 rec.flush()
             times[mode].append(time.perf_counter() - t0)
-            generated[mode] += sum(len(r.outputs[0].token_ids) for r in out)
     gc.unfreeze()
-    cpu = writer_cpu_s(rec.writer)
-    armed.shutdown()
-    (e,) = open_trace(tmp / name).engines
-    assert e.manifest["closed_cleanly"], e.manifest["recorder_errors"]
-    steps = e.read("steps").num_rows
-    assert generated["on"] == generated["off"]
-    off, on = sum(times["off"]), sum(times["on"])
-    pairs = [a / b for a, b in zip(times["off"], times["on"])]
-    return {"model": name, "reqs": reqs, "tokens": generated["on"], "steps": steps,
-            "writer_us_per_step": cpu / steps * 1e6, "step_us": off / steps * 1e6,
-            "tok_s_off": generated["off"] / off, "tok_s_on": generated["on"] / on,
+    cpu = {w: writer_cpu_s(r.writer) - cpu0[w] for w, r in recs.items()}
+    for a in reversed(armed.values()):  # the last armed wraps the others
+        a.shutdown()
+    results = []
+    off = sum(times["off"])
+    for w in writers:
+        (e,) = open_trace(tmp / name / w).engines
+        assert e.manifest["closed_cleanly"], e.manifest["recorder_errors"]
+        assert generated[w] == generated["off"]
+        steps = e.read("steps").num_rows
+        on = sum(times[w])
+        pairs = [a / b for a, b in zip(times["off"], times[w])]
+        results.append({
+            "model": name, "writer": w, "reqs": reqs, "rounds": rounds, "tokens": generated[w], "steps": steps,
+            "writer_us_per_step": cpu[w] / steps * 1e6, "step_us": off / steps * 1e6,
+            "tok_s_off": generated["off"] / off, "tok_s_on": generated[w] / on,
             "ratio": off / on, "pair_median": statistics.median(pairs),
-            "best": min(times["off"]) / min(times["on"]),
-            "dropped": e.manifest.get("dropped_steps_total", 0)}
+            "best": min(times["off"]) / min(times[w]),
+            "dropped": e.manifest.get("dropped_steps_total", 0)})
+    return results
 
 
 def thread_cpu_s(native_id: int) -> float:
@@ -209,6 +233,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", nargs="*", default=["tiny", "small"], choices=list(MODELS))
     ap.add_argument("--turns", type=int, default=30)
+    ap.add_argument("--turn-seconds", type=float, default=1.5)
+    ap.add_argument("--writers", nargs="+", default=["process", "thread"],
+                    choices=["process", "thread"])
     ap.add_argument("--reqs", type=int, default=16)
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--harness-reqs", type=int, nargs="+", default=[256])
@@ -220,16 +247,18 @@ def main() -> None:
     try:
         print(f"# live recording overhead, {time.strftime('%Y-%m-%d')}, {platform.node()}, "
               f"{os.cpu_count()} cores, Python {platform.python_version()}", flush=True)
-        print("\n| model | requests × tokens | steps recorded | µs per step | tokens/s off | "
-              "tokens/s on | on ÷ off (target ≥ 0.98) | median of paired turns | best ÷ best "
-              "| writer CPU µs per step | steps dropped |")
-        print("|---|---|---|---|---|---|---|---|---|---|---|")
+        print("\n| model | writer | turn: generate() × requests × tokens | steps recorded | µs per step | "
+              "tokens/s off | tokens/s on | on ÷ off (target ≥ 0.98) | median of paired turns "
+              "| best ÷ best | writer CPU µs per step | steps dropped |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|")
         for name in args.models:
-            r = live_engine(name, args.turns, args.reqs, args.tokens, tmp)
-            print(f"| {name} | {r['reqs']} × {args.tokens} | {r['steps']} "
-                  f"| {r['step_us']:.0f} | {r['tok_s_off']:.0f} | {r['tok_s_on']:.0f} | "
-                  f"{r['ratio']:.3f} | {r['pair_median']:.3f} | {r['best']:.3f} | "
-                  f"{r['writer_us_per_step']:.0f} | {r['dropped']} |", flush=True)
+            for r in live_engine(name, args.turns, args.reqs, args.tokens, tmp, args.writers,
+                                 args.turn_seconds):
+                print(f"| {name} | {r['writer']} | {r['rounds']} × {r['reqs']} × {args.tokens} "
+                      f"| {r['steps']} "
+                      f"| {r['step_us']:.0f} | {r['tok_s_off']:.0f} | {r['tok_s_on']:.0f} | "
+                      f"{r['ratio']:.3f} | {r['pair_median']:.3f} | {r['best']:.3f} | "
+                      f"{r['writer_us_per_step']:.0f} | {r['dropped']} |", flush=True)
         gate = gate_cost_ns()
         print("\n| running reqs | µs per step | steps/s absent | steps/s armed | armed ÷ absent "
               "(target ≥ 0.995) | median of paired blocks | best ÷ best | gate alone: ns per "
