@@ -9,8 +9,8 @@ the engine: an item that does not fit is refused.
 While the engine is busy the reader does not sleep on the commit pipe: it wakes every POLL_S
 and takes what has gathered. A commit then wakes nobody (a wake-up per step cost the engine
 thread 4–6 µs in its commit), and the reader works in batches: on a CPU engine whose model
-threads keep both cores' caches full, its CPU per step fell by half from one round per step to
-one per 250 ms (bench/RESULTS.md). What must not wait for the next round (a flush barrier, the
+threads keep both cores' caches full, its CPU per step fell by a quarter to a half from one
+round per step to one per 250 ms (bench/RESULTS.md). What must not wait for the next round (a flush barrier, the
 stop, a ring half full) is followed by a byte on a second pipe, which the reader always listens
 to; the end of either pipe (the engine closed the ring, or its process ended) wakes it too. An
 idle reader sleeps on both.
