@@ -95,8 +95,8 @@ class RingWriter:
         """Have the reader take what is committed now, not at its next round."""
         try:
             os.write(self.wake_w, b"!")
-        except BlockingIOError:
-            pass  # a wake-up is pending already
+        except OSError:  # full: a wake-up is pending already; broken: the next commit says so
+            pass
 
     def _copy(self, pos: int, data: bytes) -> None:
         cap, mm = self.capacity, self.mm
@@ -145,6 +145,13 @@ class RingReader:
         self.wake_fd = wake_fd
         os.set_blocking(commit_fd, False)
         os.set_blocking(wake_fd, False)
+        # poll, not select: the descriptors keep the engine process's numbers, which may be
+        # above select()'s limit of 1024 in a busy server
+        self._busy = select.poll()
+        self._busy.register(wake_fd, select.POLLIN)
+        self._idle = select.poll()
+        self._idle.register(wake_fd, select.POLLIN)
+        self._idle.register(commit_fd, select.POLLIN)
         self.committed = 0
         self.consumed = 0
         self._released = 0
@@ -155,9 +162,9 @@ class RingReader:
         Then publish what earlier rounds consumed: these system calls order those reads
         before the publication."""
         if busy:
-            select.select([self.wake_fd], [], [], POLL_S)
+            self._busy.poll(POLL_S * 1000)
         else:
-            select.select([self.wake_fd, self.commit_fd], [], [])
+            self._idle.poll()
         try:
             os.read(self.wake_fd, 1 << 10)
         except BlockingIOError:

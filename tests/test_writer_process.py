@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import resource
 import select
 import signal
 
@@ -116,6 +117,26 @@ def test_ring_keeps_order_across_the_wrap_and_refuses_what_does_not_fit():
     rounds = [reader.wait(busy=True), reader.wait(busy=True)]
     assert list(reader.items()) == [b"c"] and rounds[-1] is False
     ring.close()
+
+
+def test_ring_reader_waits_on_descriptors_numbered_above_1024():
+    """The child gets the engine process's descriptor numbers, which a busy server can push
+    past select()'s limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 2100:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4096), hard))
+    ring = RingWriter(4096)
+    commit_fd, wake_fd = os.dup2(ring.commit_r, 2000), os.dup2(ring.wake_r, 2001)
+    try:
+        reader = RingReader(ring.fd, commit_fd, wake_fd, ring.capacity)
+        assert ring.put(b"x")
+        ring.wake()
+        assert reader.wait(busy=True) and list(reader.items()) == [b"x"]
+        assert ring.put(b"y") and reader.wait(busy=False) and list(reader.items()) == [b"y"]
+    finally:
+        os.close(commit_fd)
+        os.close(wake_fd)
+        ring.close()
 
 
 def test_process_and_thread_writers_write_the_same_tables(tiny_model, tmp_path):
