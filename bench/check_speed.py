@@ -165,7 +165,8 @@ def main() -> None:
     sql_runs = [child("check", small, ",".join(SAME))]
     loop = loop_child(small)
     loop_s = loop["seconds"]
-    assert loop["findings"] == 0, f"the Python loop found {loop['findings']} breaks in a clean trace"
+    assert loop["findings"] == 0, \
+        f"the Python loop found {loop['findings']} breaks in a clean trace"
     sql_runs += [child("check", small, ",".join(SAME)) for _ in range(2)]
     sql_runs.sort(key=lambda r: r["seconds"])
     sql_same = sql_runs[1]

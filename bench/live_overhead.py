@@ -1,14 +1,14 @@
 """What live recording costs an engine (issue: live engines).
 
 1. A live CPU engine: generated tokens per second with recording on ÷ off, for each writer
-   (the writer process, the default on Linux, and the writer thread). One in-process `LLM`,
-   armed exactly as the plugin arms an engine core (gate, executor hand-off counter, worker
-   receipts) once per writer; turns of `generate()` of the same greedy batch (repeated so that a
-   turn lasts at least --turn-seconds) rotate through unrecorded and each writer recording
-   (order rotating too), each recorded turn ending with a flush barrier so that the writer's
-   work is paid inside it. Two models: the tiny Llama of
-   the tests (a step is mostly vLLM's own Python, the recorder's worst case) and a
-   ~60M-parameter random Llama (a step nearer a real deployment's). Target ≥ 0.98.
+   (the writer process, and the writer thread: what an engine whose model runs on the CPU gets
+   by default). One in-process `LLM`, armed exactly as the plugin arms an engine core (gate,
+   executor hand-off counter, worker receipts) once per writer; turns of `generate()` of the
+   same greedy batch (repeated so that a turn lasts at least --turn-seconds) rotate through
+   unrecorded and each writer recording (order rotating too), each recorded turn ending with a
+   flush barrier so that the writer's work is paid inside it. Two models: the tiny Llama of the
+   tests (a step is mostly vLLM's own Python, the recorder's worst case) and a ~60M-parameter
+   random Llama (a step nearer a real deployment's). Target ≥ 0.98.
 2. The real Scheduler (harness, no model) at n running decode requests: steps per second with
    the plugin armed but not recording ÷ no plugin at all, on one scheduler whose blocks of
    steps alternate between armed and not. Target ≥ 0.995. Beside it, the gate measured alone:
@@ -147,7 +147,8 @@ def live_engine(name: str, turns: int, reqs: int, tokens: int, tmp: Path,
         on = sum(times[w])
         pairs = [a / b for a, b in zip(times["off"], times[w])]
         results.append({
-            "model": name, "writer": w, "reqs": reqs, "rounds": rounds, "tokens": generated[w], "steps": steps,
+            "model": name, "writer": w, "reqs": reqs, "rounds": rounds, "tokens": generated[w],
+            "steps": steps,
             "writer_us_per_step": cpu[w] / steps * 1e6, "step_us": off / steps * 1e6,
             "tok_s_off": generated["off"] / off, "tok_s_on": generated[w] / on,
             "ratio": off / on, "pair_median": statistics.median(pairs),
@@ -247,9 +248,9 @@ def main() -> None:
     try:
         print(f"# live recording overhead, {time.strftime('%Y-%m-%d')}, {platform.node()}, "
               f"{os.cpu_count()} cores, Python {platform.python_version()}", flush=True)
-        print("\n| model | writer | turn: generate() × requests × tokens | steps recorded | µs per step | "
-              "tokens/s off | tokens/s on | on ÷ off (target ≥ 0.98) | median of paired turns "
-              "| best ÷ best | writer CPU µs per step | steps dropped |")
+        print("\n| model | writer | turn: generate() × requests × tokens | steps recorded "
+              "| µs per step | tokens/s off | tokens/s on | on ÷ off (target ≥ 0.98) "
+              "| median of paired turns | best ÷ best | writer CPU µs per step | steps dropped |")
         print("|---|---|---|---|---|---|---|---|---|---|---|---|")
         for name in args.models:
             for r in live_engine(name, args.turns, args.reqs, args.tokens, tmp, args.writers,

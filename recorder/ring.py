@@ -10,10 +10,10 @@ While the engine is busy the reader does not sleep on the commit pipe: it wakes 
 and takes what has gathered. A commit then wakes nobody (a wake-up per step cost the engine
 thread 4–6 µs in its commit), and the reader works in batches: on a CPU engine whose model
 threads keep both cores' caches full, its CPU per step fell by a quarter to a half from one
-round per step to one per 250 ms (bench/RESULTS.md). What must not wait for the next round (a flush barrier, the
-stop, a ring half full) is followed by a byte on a second pipe, which the reader always listens
-to; the end of either pipe (the engine closed the ring, or its process ended) wakes it too. An
-idle reader sleeps on both.
+round per step to one per 250 ms (bench/RESULTS.md). What must not wait for the next round (a
+flush barrier, the stop, a ring half full) is followed by a byte on a second pipe, which the
+reader always listens to; the end of either pipe (the engine closed the ring, or its process
+ended) wakes it too. An idle reader sleeps on both.
 
 The reader publishes how far it has consumed in the ring's header, always after a system call
 that followed its reads, for the same ordering reason. The header also carries the reader's
@@ -70,8 +70,7 @@ class RingWriter:
         if self.closed_commits:
             return False
         need = _LEN.size + len(data)
-        read_pos = self.header(READ_POS)
-        free = self.capacity - (self.pos - read_pos)
+        free = self.free()
         if need > free:
             return False
         self._copy(self.pos, _LEN.pack(len(data)))
@@ -79,10 +78,13 @@ class RingWriter:
         self.pos += need
         if commit:
             self.commit()
-            # half full: the reader comes now rather than at its next round (once per round)
-            if free - need < self.capacity // 2 and self._woken_at != read_pos:
-                self._woken_at = read_pos
-                self.wake()
+            # half full: the reader comes now rather than at its next round (once per round,
+            # a round being known by how far the reader had read)
+            if free - need < self.capacity // 2:
+                read_pos = self.header(READ_POS)
+                if self._woken_at != read_pos:
+                    self._woken_at = read_pos
+                    self.wake()
         return True
 
     def commit(self) -> None:
