@@ -56,8 +56,9 @@ def run(gateway: Gateway, invariants: list[Invariant],
     views = set(gateway.views)
     derived = views - set(schema.TABLE_NAMES)  # views computed from the tables, always there
     # Read by several checks: each computed once for the whole run, in this order (each reads
-    # the ones before it).
-    shared = ["instances", "runs", "run_ids"]
+    # the ones before it). `runs` stays a view over them: each check reads only its columns.
+    shared = ["instances", "run_groups", "windowed_runs", "run_ids"]
+    over = {"runs": "windowed_runs"}
     for n, inv in enumerate(invariants):
         if progress:
             progress(n, len(invariants), inv.id)
@@ -71,7 +72,8 @@ def run(gateway: Gateway, invariants: list[Invariant],
             skipped[inv.id] = f"the trace lacks {', '.join(lacking)}"
             continue
         try:
-            wanted = [shared.index(v) for v in inv.needs if v in shared]
+            wanted = [shared.index(over.get(v, v)) for v in inv.needs
+                      if over.get(v, v) in shared]
             for view in shared[:max(wanted) + 1] if wanted else ():
                 if progress and not gateway.is_materialized(view):
                     progress(n, len(invariants), f"(computing the shared view {view})")

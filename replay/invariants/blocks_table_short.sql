@@ -18,7 +18,7 @@ WITH changes AS (
     -- table, a cached request's are appended (the row before each is where the previous
     -- table's last row is)
     SELECT inst, step, kind, blocks, num_computed_tokens + num_scheduled_tokens AS tokens,
-           prev_step, prev_computed + prev_scheduled AS prev_tokens,
+           prev_step, prev_end AS prev_tokens,
            SUM(CASE WHEN kind IN ('new', 'resumed') THEN 1 ELSE 0 END) OVER (
                PARTITION BY inst ORDER BY step
                ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS segment

@@ -5,18 +5,17 @@
 --      moves backwards or skips without a preemption, the model attends to missing or stale KV
 --      and produces silently wrong tokens.
 -- relies_on: vllm/v1/core/sched/scheduler.py Scheduler._update_after_schedule / update_from_output
--- needs: scheduled, runs, run_ids, model_outputs, preempted
+-- needs: scheduled, windowed_runs, run_ids, model_outputs, preempted
 -- columns: engine, step, req_id, details
 -- note: across a preemption the count restarts (resumed requests recompute); after one the next
 --       row is not compared. Rejected drafts = drafts scheduled - (tokens sampled - 1).
 WITH cand AS (
     -- rows that can break: a count other than the previous row's end, or drafts to account
     -- for (only those are joined with the model output)
-    SELECT inst, step, num_computed_tokens, prev_step, prev_computed + prev_scheduled AS upper_,
-           prev_drafts
-    FROM runs
+    SELECT inst, step, num_computed_tokens, prev_step, prev_end AS upper_, prev_drafts
+    FROM windowed_runs
     WHERE kind = 'cached' AND num_scheduled_tokens IS NOT NULL AND prev_step IS NOT NULL
-      AND (prev_drafts > 0 OR num_computed_tokens <> prev_computed + prev_scheduled)
+      AND (prev_drafts > 0 OR num_computed_tokens <> prev_end)
 ),
 pairs AS (
     SELECT k.engine, c.step, k.req_id, c.num_computed_tokens, c.prev_step,

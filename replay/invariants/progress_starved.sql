@@ -4,14 +4,15 @@
 -- why: The worker keeps the request's state and blocks the whole time; a scheduler that forgets
 --      a running request stalls its client and pins its KV blocks.
 -- relies_on: vllm/v1/core/sched/scheduler.py Scheduler.schedule (running queue)
--- needs: scheduled, runs, run_ids, steps, preempted, engines
+-- needs: scheduled, windowed_runs, run_ids, steps, preempted, engines
 -- columns: engine, step, req_id, details
 -- note: waiting requests can wait for dozens of steps because KV blocks, not tokens, are the
 --       limit; only requests already running (not preempted) count, and only gaps of 64 steps
 --       or more in which every step left token budget and sequence slots unused.
+--       An id with a gap is never one of run_groups: windowed_runs has its rows.
 WITH gaps AS (
     SELECT k.engine, k.req_id, r.step, r.prev_step
-    FROM runs r
+    FROM windowed_runs r
     JOIN run_ids k ON k.inst = r.inst
     WHERE r.num_scheduled_tokens IS NOT NULL AND r.step - r.prev_step >= 64
 ),
