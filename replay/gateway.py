@@ -87,48 +87,55 @@ LEFT JOIN ev ON ev.engine = i.engine AND ev.req_id = i.req_id AND ev.intro_step 
 # row (0.6 s of 2.6 s at 100k steps). Two such ids share a key only if 62-bit hashes collide.
 ORPHAN_KEY = "-1 - CAST(HASH({engine}, {req_id}) >> 2 AS BIGINT)"
 
-# The request ids whose listed rows need no window to find each row's previous one: one request
-# instance (or one orphan), listed in every step from its first to its last, cached after its
-# first row, no drafts, and each row's num_computed_tokens equal to the previous row's computed
-# plus scheduled tokens. Then the previous row of a row is the one of the step before, and its
-# end is this row's num_computed_tokens. That last condition is checked for all rows of an id at
-# once by comparing two sums of hashes: of (step, computed) over every row but the first, and of
+# Every listed request id, and whether its rows need the window to find each row's previous
+# one. They do not (plain) when the id is one request instance (or one orphan), listed in every
+# step from its first to its last, cached after its first row, with no drafts and no count
+# missing, and each row's num_computed_tokens is the previous row's computed plus scheduled
+# tokens. Then the previous row of a row is the one of the step before, and its end is this
+# row's num_computed_tokens. That last condition is checked for all rows of an id at once by
+# comparing two sums of hashes: of (step, computed) over every row but the first, and of
 # (step + 1, computed + scheduled) over every row but the last. They are equal exactly when the
 # two sets of pairs are (a duplicate or a missing step breaks it too), unless 64-bit hash sums
-# collide. In a trace of decoding requests nearly every id is such a run; sorting all rows by
-# request, as the window does, took 7 of the 17 s that `runs` took at a million steps.
+# collide. In a trace of decoding requests nearly every id is plain; sorting all rows by request,
+# as the window does, took 7 of the 17 s that `runs` took at a million steps.
 RUN_GROUPS_SQL = f"""
 CREATE VIEW run_groups AS
 WITH g AS (
     SELECT engine, req_id, MIN(step) AS first_step, MAX(step) AS last_step, COUNT(*) AS n,
-           MAX(COALESCE(CARDINALITY(spec_token_ids), 0)) AS most_drafts,
+           COUNT(num_computed_tokens) AS n_computed, COUNT(num_scheduled_tokens) AS n_scheduled,
+           COUNT(spec_token_ids) AS n_drafted,
            SUM(CASE WHEN kind = 'cached' THEN 0 ELSE 1 END) AS uncached,
            ARG_MIN(kind, step) AS first_kind,
+           ARG_MIN(num_computed_tokens, step) AS first_computed,
+           ARG_MAX(num_computed_tokens + num_scheduled_tokens, step) AS last_end,
            SUM(HASH(step, num_computed_tokens)) AS starts,
-           ARG_MIN(HASH(step, num_computed_tokens), step) AS first_start,
-           SUM(HASH(step + 1, num_computed_tokens + num_scheduled_tokens)) AS ends,
-           ARG_MAX(HASH(step + 1, num_computed_tokens + num_scheduled_tokens), step) AS last_end
+           SUM(HASH(step + 1, num_computed_tokens + num_scheduled_tokens)) AS ends
     FROM scheduled
     WHERE kind IS NOT NULL
     GROUP BY engine, req_id
 ),
-plain AS (
-    -- with the instances its steps overlap: one that began at or before its first row, or none
+candidates AS (
+    -- with the instances their steps overlap: one that began at or before the first row, or none
     SELECT g.engine, g.req_id, g.first_step, COUNT(i.inst) AS n_inst, MIN(i.inst) AS inst,
            MIN(i.intro_step) AS intro_step
     FROM g
     LEFT JOIN instances i ON i.engine = g.engine AND i.req_id = g.req_id
          AND i.intro_step <= g.last_step
          AND (i.next_intro_step IS NULL OR i.next_intro_step > g.first_step)
-    WHERE g.n = g.last_step - g.first_step + 1 AND g.most_drafts = 0
-      AND g.uncached = CASE WHEN g.first_kind = 'cached' THEN 0 ELSE 1 END
-      AND g.starts - g.first_start = g.ends - g.last_end
+    WHERE g.n = g.last_step - g.first_step + 1 AND g.n_computed = g.n AND g.n_scheduled = g.n
+      AND g.n_drafted = 0 AND g.uncached = CASE WHEN g.first_kind = 'cached' THEN 0 ELSE 1 END
+      AND g.starts - HASH(g.first_step, g.first_computed)
+          = g.ends - HASH(g.last_step + 1, g.last_end)
     GROUP BY g.engine, g.req_id, g.first_step
 )
-SELECT engine, req_id, first_step,
-       COALESCE(inst, {ORPHAN_KEY.format(engine="engine", req_id="req_id")}) AS inst
-FROM plain
-WHERE n_inst = 0 OR (n_inst = 1 AND intro_step <= first_step)
+SELECT g.engine, g.req_id, g.first_step, g.last_step, g.last_end,
+       c.req_id IS NOT NULL AS plain,
+       CASE WHEN c.req_id IS NOT NULL
+            THEN COALESCE(c.inst, {ORPHAN_KEY.format(engine="g.engine", req_id="g.req_id")}) END
+           AS inst
+FROM g
+LEFT JOIN candidates c ON c.engine = g.engine AND c.req_id = g.req_id
+     AND (c.n_inst = 0 OR (c.n_inst = 1 AND c.intro_step <= c.first_step))
 """
 
 # The columns of a listed row that `runs` carries: counts as INTEGER, and no more columns than
@@ -141,21 +148,19 @@ _RUN_COLUMNS = """s.step, s.kind, CAST(s.num_scheduled_tokens AS INTEGER) AS num
                      THEN CARDINALITY(FLATTEN(s.new_block_ids)) / CARDINALITY(s.new_block_ids)
                      ELSE 0 END AS INTEGER) AS blocks"""
 
-# Each listed request row with the end of the previous row of the same request instance: the
-# state most checks would otherwise rebuild with a self-join of `scheduled` each. The ids of
-# `run_groups` get it from their own row; only the others go through the window. The checker
+# The rows of `runs` of the ids that are not plain: one window pass over them alone. The checker
 # materialises it once per run (see Gateway.materialize).
 WINDOWED_RUNS_SQL = f"""
 CREATE VIEW windowed_runs AS
 WITH keyed AS (
-    -- the rows of ids not in run_groups, each with its request instance (`instances`' inst)
+    -- the rows of ids that are not plain, each with its request instance (`instances`' inst)
     SELECT {_RUN_COLUMNS.format(drafts="CAST(COALESCE(CARDINALITY(s.spec_token_ids), 0) AS INTEGER)")},
            COALESCE(i.inst, {ORPHAN_KEY.format(engine="s.engine", req_id="s.req_id")}) AS inst
     FROM scheduled s
-    LEFT JOIN run_groups g ON g.engine = s.engine AND g.req_id = s.req_id
+    JOIN run_groups g ON g.engine = s.engine AND g.req_id = s.req_id AND NOT g.plain
     LEFT JOIN instances i ON i.engine = s.engine AND i.req_id = s.req_id
          AND s.step >= i.intro_step AND (i.next_intro_step IS NULL OR s.step < i.next_intro_step)
-    WHERE s.kind IS NOT NULL AND g.req_id IS NULL
+    WHERE s.kind IS NOT NULL
 )
 SELECT inst, step, kind, num_scheduled_tokens, num_computed_tokens, num_output_tokens, drafts,
        blocks,
@@ -167,10 +172,10 @@ FROM keyed
 """
 
 # Each listed request row with the end of the previous row of the same request instance: the
-# state most checks would otherwise rebuild with a self-join of `scheduled` each. The ids of
-# `run_groups` get it from their own row; the others come from `windowed_runs`, which the checker
-# computes once per run (see Gateway.materialize). The rest stays a view: each check reads only
-# its own columns of it, and storing all of them took longer than the checks reading them.
+# state most checks would otherwise rebuild with a self-join of `scheduled` each. Plain ids
+# (`run_groups`) get it from their own row; the others come from `windowed_runs`. The plain part
+# stays a view: each check reads only its own columns of it, and storing all of them took longer
+# than the checks reading them.
 RUNS_SQL = f"""
 CREATE VIEW runs AS
 SELECT g.inst, {_RUN_COLUMNS.format(drafts="CAST(0 AS INTEGER)")},
@@ -178,7 +183,7 @@ SELECT g.inst, {_RUN_COLUMNS.format(drafts="CAST(0 AS INTEGER)")},
        CASE WHEN s.step > g.first_step THEN CAST(s.num_computed_tokens AS INTEGER) END AS prev_end,
        CASE WHEN s.step > g.first_step THEN CAST(0 AS INTEGER) END AS prev_drafts
 FROM scheduled s
-JOIN run_groups g ON g.engine = s.engine AND g.req_id = s.req_id
+JOIN run_groups g ON g.engine = s.engine AND g.req_id = s.req_id AND g.plain
 WHERE s.kind IS NOT NULL
 UNION ALL
 SELECT inst, step, kind, num_scheduled_tokens, num_computed_tokens, num_output_tokens, drafts,
@@ -211,7 +216,8 @@ VIEW_DOCS = {
                  "first finished_req_ids carrying it).",
     "lifeline": "One row per request instance (an id introduced at intro_step; a reused id is a new "
                 "instance): when it ran, how it ended, when its finish reached the worker.",
-    "run_groups": "The request ids whose rows in `runs` need no window (see the columns below).",
+    "run_groups": "One row per listed request id: whether its rows in `runs` need the window "
+                  "(see the columns below).",
     "windowed_runs": "The rows of `runs` of the other ids, which went through its window (same "
                      "columns). A check that only a row unlike the previous step's can break "
                      "reads this alone.",
@@ -404,13 +410,15 @@ def views_markdown() -> str:
             "this row adds to each KV cache group's table); of the "
             "instance's previous listed row: `prev_step`, `prev_end` (its num_computed_tokens + "
             "num_scheduled_tokens), `prev_drafts`. No strings but `kind` travel through its "
-            "window: by request id it took several times as long. The checker computes it "
-            "once per run.",
-            "", "`run_groups` columns: `engine`, `req_id`, `first_step`, `inst`: an id listed in "
-            "every step from its first to its last as one request instance (or one orphan), "
-            "cached after its first row, without drafts, each row's num_computed_tokens the "
-            "previous row's end (checked by sums of hashes). Its rows' previous rows are known "
-            "without sorting: `runs` sends only the other ids' rows through its window."]
+            "window: by request id it took several times as long. The checker computes its "
+            "windowed part once per run.",
+            "", "`run_groups` columns: `engine`, `req_id`, `first_step`, `last_step`, `last_end` "
+            "(the last row's num_computed_tokens + num_scheduled_tokens), `plain`, `inst` (of a "
+            "plain id). Plain: listed in every step from its first to its last as one request "
+            "instance (or one orphan), cached after its first row, without drafts or missing "
+            "counts, each row's num_computed_tokens the previous row's end (checked by sums of "
+            "hashes). A plain id's previous rows are known without sorting: `runs` sends only "
+            "the other ids' rows through its window."]
     return "\n".join(out) + "\n"
 
 

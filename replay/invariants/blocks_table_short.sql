@@ -4,7 +4,7 @@
 -- why: The worker maps every token position to a slot through the block table; positions past
 --      its end read slot ids from stale table entries and write KV into other requests' blocks.
 -- relies_on: vllm/v1/worker/block_table.py BlockTable.compute_slot_mapping
--- needs: scheduled, runs, run_ids, engines
+-- needs: scheduled, runs, run_groups, windowed_runs, run_ids, engines
 -- columns: engine, step, req_id, details
 -- note: a new request's block_ids and a resumed request's new_block_ids are the whole table;
 --       a cached request's new_block_ids are appended. Per KV cache group the table length is
@@ -15,29 +15,46 @@
 --       it is resumed.
 WITH changes AS (
     -- the rows that change a request's table: a new or resumed request's blocks are the whole
-    -- table, a cached request's are appended (the row before each is where the previous
-    -- table's last row is)
-    SELECT inst, step, kind, blocks, num_computed_tokens + num_scheduled_tokens AS tokens,
+    -- table (a reset), a cached request's are appended (the row before each is where the
+    -- previous table's last row is)
+    SELECT inst, step, blocks, num_computed_tokens + num_scheduled_tokens AS tokens,
            prev_step, prev_end AS prev_tokens,
-           SUM(CASE WHEN kind IN ('new', 'resumed') THEN 1 ELSE 0 END) OVER (
-               PARTITION BY inst ORDER BY step
-               ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS segment
+           CASE WHEN kind IN ('new', 'resumed') THEN 1 ELSE 0 END AS reset
     FROM runs
     WHERE blocks > 0 OR kind IN ('new', 'resumed')
 ),
-tables_ AS (
-    SELECT inst, step, tokens, segment,
-           SUM(blocks) OVER (PARTITION BY inst, segment ORDER BY step
-                             ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS table_len,
+walked AS (
+    -- one sort per request in step order: the blocks and resets so far, the next change
+    SELECT inst, step, tokens, blocks, reset,
+           SUM(reset) OVER (PARTITION BY inst ORDER BY step
+                            ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS segment,
+           SUM(blocks) OVER (PARTITION BY inst ORDER BY step
+                             ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS blocks_so_far,
            LEAD(step) OVER (PARTITION BY inst ORDER BY step) AS next_change,
            LEAD(prev_step) OVER (PARTITION BY inst ORDER BY step) AS end_step,
            LEAD(prev_tokens) OVER (PARTITION BY inst ORDER BY step) AS end_tokens
     FROM changes
 ),
+bases AS (
+    -- the blocks before each table's reset row
+    SELECT inst, segment, MIN(CASE WHEN reset = 1 THEN blocks_so_far - blocks END) AS base
+    FROM walked
+    WHERE segment > 0
+    GROUP BY inst, segment
+),
+tables_ AS (
+    SELECT w.inst, w.step, w.tokens, w.segment, w.blocks_so_far - b.base AS table_len,
+           w.next_change, w.end_step, w.end_tokens
+    FROM walked w
+    JOIN bases b ON b.inst = w.inst AND b.segment = w.segment
+),
 last_rows AS (
+    -- a plain id's last row is in run_groups already
+    SELECT inst, last_step, last_end AS last_tokens FROM run_groups WHERE plain
+    UNION ALL
     SELECT inst, MAX(step) AS last_step,
            ARG_MAX(num_computed_tokens + num_scheduled_tokens, step) AS last_tokens
-    FROM runs
+    FROM windowed_runs
     GROUP BY inst
 ),
 ends AS (
@@ -52,9 +69,15 @@ ends AS (
     JOIN last_rows l ON l.inst = t.inst
     WHERE t.segment > 0
 ),
+smallest AS (
+    SELECT MIN(block_size) AS block_size FROM engines
+),
 short_ AS (
+    -- a table short for its engine's block size is short for the smallest one: that filter
+    -- comes before the join with every table's name (3 s at a million steps otherwise)
     SELECT e.inst, e.step, e.next_change, e.table_len, k.engine, k.req_id, en.block_size
     FROM ends e
+    JOIN smallest m ON e.table_len * m.block_size < e.most_tokens
     JOIN run_ids k ON k.inst = e.inst
     JOIN engines en ON en.engine = k.engine
     WHERE en.block_size IS NOT NULL AND e.table_len * en.block_size < e.most_tokens
