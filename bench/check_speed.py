@@ -160,7 +160,7 @@ def main() -> None:
     full = child("check", big)
     serious = [f for f in full["findings"] if f["severity"] in ("error", "warning")]
     assert not serious, f"generated trace is not clean: {serious[:3]}"
-    # The SQL side three times around the loop (median shown): one run of it takes 2-3 s, and
+    # The SQL side three times around the loop (median shown): one run of it takes 1-3 s, and
     # what ran just before it (the full catalog, the loop) moved it by a fifth.
     sql_runs = [child("check", small, ",".join(SAME))]
     loop = loop_child(small)

@@ -323,7 +323,8 @@ class Gateway:
 
     def materialize(self, view: str) -> None:
         """Compute a derived view once and keep the result: several checks read `runs`, and
-        recomputing its window per check cost more than all the checks themselves."""
+        recomputing its window (`windowed_runs`) per check cost more than all the checks
+        themselves."""
         if view in self._materialized:
             return
         try:
