@@ -55,9 +55,11 @@ def run(gateway: Gateway, invariants: list[Invariant],
     ran: list[str] = []
     views = set(gateway.views)
     derived = views - set(schema.TABLE_NAMES)  # views computed from the tables, always there
-    # Read by several checks: each computed once for the whole run, in this order (each reads
-    # the ones before it). `runs` stays a view over them: each check reads only its columns.
-    shared = ["instances", "run_groups", "windowed_runs", "run_ids"]
+    # Read by several checks: each computed once for the whole run, after the ones it reads.
+    # `runs` stays a view over them: each check reads only its columns.
+    shared = {"step_totals": (), "grants": (), "instances": (), "run_groups": ("instances",),
+              "windowed_runs": ("instances", "run_groups"),
+              "run_ids": ("instances", "run_groups", "windowed_runs")}
     over = {"runs": "windowed_runs"}
     for n, inv in enumerate(invariants):
         if progress:
@@ -72,9 +74,9 @@ def run(gateway: Gateway, invariants: list[Invariant],
             skipped[inv.id] = f"the trace lacks {', '.join(lacking)}"
             continue
         try:
-            wanted = [shared.index(over.get(v, v)) for v in inv.needs
-                      if over.get(v, v) in shared]
-            for view in shared[:max(wanted) + 1] if wanted else ():
+            wanted = {over.get(v, v) for v in inv.needs} & set(shared)
+            wanted |= {d for v in wanted for d in shared[v]}
+            for view in (v for v in shared if v in wanted):
                 if progress and not gateway.is_materialized(view):
                     progress(n, len(invariants), f"(computing the shared view {view})")
                 gateway.materialize(view)

@@ -630,12 +630,18 @@ def test_shared_views_are_computed_once_and_shown_in_the_progress(tiny_model, tm
         report = checker.run(gw, invs, progress=lambda n, total, name: calls.append((n, name)))
         assert gw.is_materialized("windowed_runs") and gw.is_materialized("run_ids")
         assert not gw.is_materialized("runs")
-    shared = [c for c in calls if "computing the shared view" in c[1]]
-    assert [name.split()[-1].rstrip(")") for _, name in shared] == [
-        "instances", "run_groups", "windowed_runs", "run_ids"]
-    reads = {"runs", "windowed_runs", "run_ids"}
-    first_reader = min(i for i, inv in enumerate(invs) if reads & set(inv.needs))
-    assert all(n == first_reader for n, _ in shared)
+    shared = [(n, name.split()[-1].rstrip(")")) for n, name in calls
+              if "computing the shared view" in name]
+    # each view, and the views that read it: computed once, before the first check needing any
+    readers_of = {"step_totals": {"step_totals"}, "grants": {"grants"},
+                  "instances": {"instances", "run_groups", "windowed_runs", "run_ids", "runs"},
+                  "run_groups": {"run_groups", "windowed_runs", "run_ids", "runs"},
+                  "windowed_runs": {"windowed_runs", "run_ids", "runs"},
+                  "run_ids": {"run_ids"}}
+    assert sorted(name for _, name in shared) == sorted(readers_of)
+    for n, name in shared:
+        assert n == min(i for i, inv in enumerate(invs) if readers_of[name] & set(inv.needs))
+    reads = {"runs", "windowed_runs", "run_ids", "run_groups", "grants", "step_totals"}
     assert calls[-1] == (len(invs), "")
     readers = [inv.id for inv in invs if reads & set(inv.needs)]
     assert "computed.progress" in readers and "blocks.table_short" in readers
@@ -735,3 +741,97 @@ def test_runs_take_the_window_for_ids_broken_mid_run(tiny_model, tmp_path):
     report = findings(tmp_path)
     assert (dup["step"], dup["req_id"]) in hits(report, "tokens.duplicate_request")
     assert (off["step"], off["req_id"]) in hits(report, "computed.progress")
+
+
+# Checks that read a plain id's rows only when its run_groups row shows a break, or read
+# `grants` and `step_totals` instead of every row: each as the row-by-row query it replaced.
+ROW_BY_ROW = {
+    "tokens.beyond_request": """
+        SELECT k.engine, r.step, k.req_id FROM runs r JOIN run_ids k ON k.inst = r.inst
+        WHERE r.inst > 0 AND r.num_scheduled_tokens IS NOT NULL
+          AND r.num_computed_tokens + r.num_scheduled_tokens
+              > k.prompt_len + COALESCE(r.num_output_tokens, 0) + r.drafts""",
+    "finished.and_scheduled": """
+        SELECT s.engine, s.step, s.req_id FROM scheduled s
+        JOIN finished f ON f.engine = s.engine AND f.step = s.step AND f.req_id = s.req_id
+        WHERE s.kind IN ('cached', 'resumed')""",
+    "lifecycle.scheduled_after_finish": """
+        SELECT s.engine, s.step, s.req_id FROM scheduled s
+        JOIN instances i ON i.engine = s.engine AND i.req_id = s.req_id
+             AND s.step >= i.intro_step
+             AND (i.next_intro_step IS NULL OR s.step < i.next_intro_step)
+        WHERE s.kind IN ('cached', 'resumed') AND i.freed_step < s.step""",
+    "tokens.beyond_model_len": """
+        SELECT s.engine, s.step, s.req_id FROM scheduled s JOIN engines e ON e.engine = s.engine
+        WHERE s.num_computed_tokens + s.num_scheduled_tokens > e.max_model_len""",
+    "blocks.out_of_range": """
+        SELECT DISTINCT engine, step, req_id FROM (
+            SELECT engine, step, req_id, UNNEST(b) AS block_id FROM (
+                SELECT engine, step, req_id, UNNEST(new_block_ids) AS b FROM scheduled)) i
+        WHERE block_id >= (SELECT MIN(num_kv_blocks) FROM engines)""",
+    "tokens.total_mismatch": """
+        SELECT t.engine, t.step, NULL AS req_id FROM steps t
+        LEFT JOIN (SELECT engine, step, SUM(num_scheduled_tokens) AS n FROM scheduled
+                   GROUP BY engine, step) s ON s.engine = t.engine AND s.step = t.step
+        WHERE t.total_num_scheduled_tokens <> COALESCE(s.n, 0)""",
+}
+
+
+def test_split_checks_equal_their_row_by_row_form(tiny_model, tmp_path):
+    """Breaks in plain ids and in ids that take the window alike (a preempted one does):
+    each check that spares itself plain ids' rows, or reads the shared `grants` or
+    `step_totals`, reports exactly what the row-by-row query reports, and both kinds of id are
+    among its findings where it has a split."""
+    scenarios.run("mixed", tiny_model, tmp_path)
+    with Gateway(tmp_path) as gw:
+        plain = {r["req_id"] for r in gw.sql("SELECT req_id FROM run_groups WHERE plain")
+                 .to_pylist()}
+        blocks = gw.sql("SELECT num_kv_blocks FROM engines")["num_kv_blocks"][0].as_py()
+    rows = open_trace(tmp_path).read("scheduled").to_pylist()
+    ids = sorted({r["req_id"] for r in rows if r["kind"]})
+    windowed = [i for i in ids if i not in plain]
+    assert len(plain) >= 4 and windowed, (plain, windowed)
+    plain_ids = sorted(plain)
+    short = set(plain_ids[:2] + windowed[:1])  # prompts said shorter than they are
+    listed = {}
+    for r in rows:
+        if r["kind"] == "cached":
+            listed.setdefault(r["req_id"], []).append(r["step"])
+    # finished at one of their own cached steps (and so scheduled after it too)
+    freed = [(listed[i][len(listed[i]) // 2], i) for i in plain_ids[2:4] + windowed[:1]
+             if len(listed.get(i, ())) >= 3]
+    assert len(freed) == 3, "the scenario should list three ids as cached three times or more"
+
+    def far_blocks(rows):
+        seen = set()
+        for r in rows:
+            if r["new_block_ids"] and any(r["new_block_ids"]) and r["req_id"] not in seen:
+                seen.add(r["req_id"])
+                if len(seen) % 3 == 0:
+                    r["new_block_ids"] = [[b + blocks for b in g] for g in r["new_block_ids"]]
+        return rows
+
+    edit(tmp_path, "scheduled", far_blocks)
+    edit(tmp_path, "requests", lambda rs: [
+        {**r, "prompt_len": r["prompt_len"] - 3} if r["req_id"] in short else r for r in rs])
+    edit(tmp_path, "finished", lambda rs: rs + [
+        {**rs[0], "step": step, "req_id": rid} for step, rid in freed])
+    lengths = [r["num_computed_tokens"] + r["num_scheduled_tokens"] for r in rows
+               if r["num_scheduled_tokens"]]
+    edit_manifest(tmp_path, max_model_len=sorted(lengths)[len(lengths) * 3 // 4])
+    edit(tmp_path, "steps", lambda rs: [  # totals off by one
+        {**r, "total_num_scheduled_tokens": r["total_num_scheduled_tokens"] + 1}
+        if r["step"] % 7 == 3 else r for r in rs])
+    report = findings(tmp_path, list(ROW_BY_ROW))
+    with Gateway(tmp_path) as gw:
+        assert plain == {r["req_id"] for r in gw.sql(
+            "SELECT req_id FROM run_groups WHERE plain").to_pylist()}, "the breaks keep ids plain"
+        for inv, query in ROW_BY_ROW.items():
+            want = sorted((r["step"], r["req_id"]) for r in gw.sql(query).to_pylist())
+            got = sorted(hits(report, inv))
+            assert got == want, inv
+            assert want, f"{inv}: the breaks should give it findings"
+            if inv in ("tokens.beyond_request", "finished.and_scheduled",
+                       "lifecycle.scheduled_after_finish"):
+                names = {rid for _, rid in got}
+                assert names & plain and names - plain, f"{inv}: plain and windowed ids both"

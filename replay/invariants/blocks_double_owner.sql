@@ -4,7 +4,7 @@
 -- why: Two requests writing KV into one block corrupt each other's attention: silently wrong
 --      tokens, no error anywhere.
 -- relies_on: vllm/v1/core/block_pool.py BlockPool; vllm/v1/core/kv_cache_manager.py allocate_slots
--- needs: scheduled, preempted, finish_events, engines
+-- needs: scheduled, grants, preempted, finish_events, engines
 -- columns: engine, step, req_id, details
 -- note: prefix-cache sharing is allowed: a new or resumed request may share as many blocks as
 --       its num_computed_tokens covers, also blocks a request admitted before it fills in the
@@ -13,15 +13,11 @@
 --       compared).
 --       A holder keeps a block until it is preempted (its blocks may go to others in that very
 --       step) or until the step after its finish event.
-WITH groups_ AS (
-    SELECT engine, step, req_id, kind, pos, num_computed_tokens, UNNEST(new_block_ids) AS blocks
-    FROM scheduled
-    WHERE new_block_ids IS NOT NULL AND kind IS NOT NULL
-),
-acq AS (
-    SELECT engine, step, req_id, kind, pos, num_computed_tokens, UNNEST(blocks) AS block_id,
+WITH acq AS (
+    SELECT engine, step, req_id, kind, pos, num_computed_tokens, UNNEST(block_ids) AS block_id,
            CASE WHEN kind = 'cached' THEN 0 ELSE 1 END AS phase
-    FROM groups_
+    FROM grants
+    WHERE kind IS NOT NULL
 ),
 release_ AS (
     SELECT engine, req_id, step AS end_step FROM preempted

@@ -4,15 +4,10 @@
 -- why: Block ids index the KV cache tensors directly; on CPU they are not bounds-checked, and an
 --      id past the end segfaulted or hung the worker here.
 -- relies_on: vllm/v1/worker/block_table.py BlockTable.append_row / add_row
--- needs: scheduled
+-- needs: scheduled, grants
 -- columns: engine, step, req_id, details
-WITH groups_ AS (
-    SELECT engine, step, req_id, UNNEST(new_block_ids) AS blocks
-    FROM scheduled
-    WHERE new_block_ids IS NOT NULL
-),
-ids AS (
-    SELECT engine, step, req_id, UNNEST(blocks) AS block_id FROM groups_
+WITH ids AS (
+    SELECT engine, step, req_id, UNNEST(block_ids) AS block_id FROM grants
 )
 SELECT i.engine, i.step, i.req_id,
        'block id ' || CAST(MIN(i.block_id) AS VARCHAR) || '..' || CAST(MAX(i.block_id) AS VARCHAR)

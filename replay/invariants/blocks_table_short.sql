@@ -4,7 +4,7 @@
 -- why: The worker maps every token position to a slot through the block table; positions past
 --      its end read slot ids from stale table entries and write KV into other requests' blocks.
 -- relies_on: vllm/v1/worker/block_table.py BlockTable.compute_slot_mapping
--- needs: scheduled, runs, run_groups, windowed_runs, run_ids, engines
+-- needs: scheduled, grants, runs, run_groups, windowed_runs, run_ids, engines
 -- columns: engine, step, req_id, details
 -- note: a new request's block_ids and a resumed request's new_block_ids are the whole table;
 --       a cached request's new_block_ids are appended. Per KV cache group the table length is
@@ -13,14 +13,30 @@
 --       not), so each table is compared with its first and last row; the first short row of a
 --       short table is then looked up. An orphan's table (attached mid-stream) is unknown until
 --       it is resumed.
-WITH changes AS (
+WITH changed AS (
     -- the rows that change a request's table: a new or resumed request's blocks are the whole
     -- table (a reset), a cached request's are appended (the row before each is where the
-    -- previous table's last row is)
+    -- previous table's last row is). A plain id's rows (run_groups) come from `grants`, with
+    -- the previous row as `runs` gives it, so the other rows of `runs` are never read.
+    SELECT g.inst, r.step, r.kind, r.blocks,
+           CAST(r.num_computed_tokens AS INTEGER) AS num_computed_tokens,
+           CAST(r.num_scheduled_tokens AS INTEGER) AS num_scheduled_tokens,
+           CASE WHEN r.step > g.first_step THEN r.step - 1 END AS prev_step,
+           CASE WHEN r.step > g.first_step THEN CAST(r.num_computed_tokens AS INTEGER) END
+               AS prev_end
+    FROM grants r
+    JOIN run_groups g ON g.engine = r.engine AND g.req_id = r.req_id AND g.plain
+    WHERE r.kind IS NOT NULL
+    UNION ALL
+    SELECT inst, step, kind, blocks, num_computed_tokens, num_scheduled_tokens, prev_step,
+           prev_end
+    FROM windowed_runs
+),
+changes AS (
     SELECT inst, step, blocks, num_computed_tokens + num_scheduled_tokens AS tokens,
            prev_step, prev_end AS prev_tokens,
            CASE WHEN kind IN ('new', 'resumed') THEN 1 ELSE 0 END AS reset
-    FROM runs
+    FROM changed
     WHERE blocks > 0 OR kind IN ('new', 'resumed')
 ),
 walked AS (

@@ -4,15 +4,14 @@
 -- why: update_from_output() indexes sampled tokens by req_id_to_index; a missing id drops that
 --      request's token, an extra one is a request the scheduler did not run.
 -- relies_on: vllm/v1/core/sched/scheduler.py Scheduler.update_from_output
--- needs: scheduled, model_outputs, updates
+-- needs: scheduled, model_outputs, updates, step_totals
 -- columns: engine, step, req_id, details
 WITH sched_fp AS (
     -- Most steps match, so each step's ids are first compared as a fingerprint (count and sum of
     -- hashes) and only the steps whose fingerprints differ are joined id by id: the full join of a
     -- million-step trace spilled (18 s; 2.6 s this way). Two different id sets of one step escape
     -- only if their 64-bit hash sums collide.
-    SELECT engine, step, COUNT(*) AS n, SUM(HASH(req_id)) AS h
-    FROM scheduled WHERE num_scheduled_tokens IS NOT NULL GROUP BY engine, step
+    SELECT engine, step, n, ids_hash AS h FROM step_totals
 ),
 out_fp AS (
     SELECT engine, step, COUNT(*) AS n, SUM(HASH(req_id)) AS h FROM model_outputs
