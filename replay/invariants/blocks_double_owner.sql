@@ -24,11 +24,36 @@ release_ AS (
     UNION ALL
     SELECT engine, req_id, step + 1 AS end_step FROM finish_events
 ),
+spans AS (
+    SELECT engine, req_id, MIN(step) AS first_step, MAX(step) AS last_step
+    FROM grants
+    WHERE kind IS NOT NULL
+    GROUP BY engine, req_id
+),
+id_ends AS (
+    -- an id released nowhere between its first and last acquisitions holds every block it got
+    -- until its first release after the first: one end per id (joining each acquisition with
+    -- the releases and taking the least took 1.5 s at a million steps)
+    SELECT p.engine, p.req_id, MIN(r.end_step) AS end_step,
+           SUM(CASE WHEN r.end_step <= p.last_step THEN 1 ELSE 0 END) AS inside
+    FROM spans p
+    LEFT JOIN release_ r ON r.engine = p.engine AND r.req_id = p.req_id
+         AND r.end_step > p.first_step
+    GROUP BY p.engine, p.req_id
+),
 holds AS (
+    SELECT a.engine, a.req_id, a.step, a.block_id, a.phase, a.kind, a.pos, a.num_computed_tokens,
+           e.end_step
+    FROM acq a
+    JOIN id_ends e ON e.engine = a.engine AND e.req_id = a.req_id
+    WHERE e.inside = 0
+    UNION ALL
     SELECT a.engine, a.req_id, a.step, a.block_id, a.phase, a.kind, a.pos, a.num_computed_tokens,
            MIN(r.end_step) AS end_step
     FROM acq a
+    JOIN id_ends e ON e.engine = a.engine AND e.req_id = a.req_id
     LEFT JOIN release_ r ON r.engine = a.engine AND r.req_id = a.req_id AND r.end_step > a.step
+    WHERE e.inside > 0
     GROUP BY a.engine, a.req_id, a.step, a.block_id, a.phase, a.kind, a.pos, a.num_computed_tokens
 ),
 lagged AS (

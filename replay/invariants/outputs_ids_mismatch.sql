@@ -25,9 +25,9 @@ suspect AS (
     WHERE COALESCE(s.n, 0) <> COALESCE(o.n, 0) OR COALESCE(s.h, 0) <> COALESCE(o.h, 0)
 ),
 bounds AS (
-    -- a range filter before the join: usually no step is suspect, and then neither table
-    -- reaches the join
-    SELECT MIN(step) AS lo, MAX(step) AS hi FROM suspect
+    -- a range filter before the join: usually no step is suspect, and then it has no row and
+    -- neither table is read again
+    SELECT MIN(step) AS lo, MAX(step) AS hi FROM suspect HAVING COUNT(*) > 0
 ),
 s2 AS (
     SELECT s.engine, s.step, s.req_id FROM scheduled s

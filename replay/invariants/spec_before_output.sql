@@ -4,15 +4,14 @@
 -- why: Drafts are proposed from a request's previous outputs; before its first sampled token
 --      none can exist, so these came from another request's state.
 -- relies_on: vllm/v1/core/sched/scheduler.py Scheduler.update_draft_token_ids
--- needs: scheduled, instances, model_outputs
+-- needs: scheduled, drafts, instances, model_outputs
 -- columns: engine, step, req_id, details
 -- note: newly admitted decodes may carry -1 placeholder drafts, and a running request skipped for
 --       budget keeps its drafts (so "not in the previous batch" alone is fine); only drafts
 --       other than -1 before any sampled token of this request instance are reported.
 WITH tokens_ AS (
     SELECT engine, step, req_id, UNNEST(spec_token_ids) AS token
-    FROM scheduled
-    WHERE spec_token_ids IS NOT NULL
+    FROM drafts
 ),
 real_drafts AS (
     SELECT DISTINCT engine, step, req_id FROM tokens_ WHERE token <> -1

@@ -4,10 +4,10 @@
 -- why: The worker lays drafts out after the request's scheduled tokens; for a request not in the
 --      batch there is no place for them (a KeyError or misplaced drafts).
 -- relies_on: vllm/v1/worker/gpu_model_runner.py GPUModelRunner._calc_spec_decode_metadata
--- needs: scheduled
+-- needs: scheduled, drafts
 -- columns: engine, step, req_id, details
 SELECT engine, step, req_id,
        CAST(CARDINALITY(spec_token_ids) AS VARCHAR) || ' draft tokens, no tokens scheduled'
        AS details
-FROM scheduled
-WHERE spec_token_ids IS NOT NULL AND num_scheduled_tokens IS NULL
+FROM drafts
+WHERE num_scheduled_tokens IS NULL
