@@ -57,7 +57,8 @@ def run(gateway: Gateway, invariants: list[Invariant],
     derived = views - set(schema.TABLE_NAMES)  # views computed from the tables, always there
     # Read by several checks: each computed once for the whole run, after the ones it reads.
     # `runs` stays a view over them: each check reads only its columns.
-    shared = {"step_totals": (), "grants": (), "drafts": (), "instances": (), "run_groups": ("instances", "drafts"),
+    shared = {"step_totals": (), "grants": (), "drafts": (), "instances": (),
+              "run_groups": ("instances", "drafts"),
               "windowed_runs": ("instances", "drafts", "run_groups"),
               "run_ids": ("instances", "drafts", "run_groups", "windowed_runs")}
     over = {"runs": "windowed_runs"}

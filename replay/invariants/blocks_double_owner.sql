@@ -14,8 +14,9 @@
 --       A holder keeps a block until it is preempted (its blocks may go to others in that very
 --       step) or until the step after its finish event.
 WITH acq AS (
-    SELECT engine, step, req_id, kind, pos, num_computed_tokens, UNNEST(block_ids) AS block_id,
-           CASE WHEN kind = 'cached' THEN 0 ELSE 1 END AS phase
+    -- each block handed out, with no more columns than finding the blocks that ever had two
+    -- holders needs (the others are fetched for those blocks alone)
+    SELECT engine, step, req_id, UNNEST(block_ids) AS block_id
     FROM grants
     WHERE kind IS NOT NULL
 ),
@@ -42,19 +43,17 @@ id_ends AS (
     GROUP BY p.engine, p.req_id
 ),
 holds AS (
-    SELECT a.engine, a.req_id, a.step, a.block_id, a.phase, a.kind, a.pos, a.num_computed_tokens,
-           e.end_step
+    SELECT a.engine, a.req_id, a.step, a.block_id, e.end_step
     FROM acq a
     JOIN id_ends e ON e.engine = a.engine AND e.req_id = a.req_id
     WHERE e.inside = 0
     UNION ALL
-    SELECT a.engine, a.req_id, a.step, a.block_id, a.phase, a.kind, a.pos, a.num_computed_tokens,
-           MIN(r.end_step) AS end_step
+    SELECT a.engine, a.req_id, a.step, a.block_id, MIN(r.end_step) AS end_step
     FROM acq a
     JOIN id_ends e ON e.engine = a.engine AND e.req_id = a.req_id
     LEFT JOIN release_ r ON r.engine = a.engine AND r.req_id = a.req_id AND r.end_step > a.step
     WHERE e.inside > 0
-    GROUP BY a.engine, a.req_id, a.step, a.block_id, a.phase, a.kind, a.pos, a.num_computed_tokens
+    GROUP BY a.engine, a.req_id, a.step, a.block_id
 ),
 lagged AS (
     -- a block whose acquisitions, in step order, each start at or after the previous one's end
@@ -69,10 +68,13 @@ overlapping AS (
     SELECT DISTINCT engine, block_id FROM lagged WHERE prev_end > step
 ),
 shared_blocks AS (
-    SELECT h.engine, h.req_id, h.step, h.block_id, h.phase, h.kind, h.pos, h.num_computed_tokens,
-           h.end_step
+    SELECT h.engine, h.req_id, h.step, h.block_id,
+           CASE WHEN g.kind = 'cached' THEN 0 ELSE 1 END AS phase, g.kind, g.pos,
+           g.num_computed_tokens, h.end_step
     FROM holds h
     JOIN overlapping o ON o.engine = h.engine AND o.block_id = h.block_id
+    JOIN grants g ON g.engine = h.engine AND g.step = h.step AND g.req_id = h.req_id
+    WHERE g.kind IS NOT NULL
 ),
 swept AS (
     -- per block, in step order: until when its holders from earlier steps keep it (one sort of
