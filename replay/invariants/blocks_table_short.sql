@@ -13,30 +13,40 @@
 --       not), so each table is compared with its first and last row; the first short row of a
 --       short table is then looked up. An orphan's table (attached mid-stream) is unknown until
 --       it is resumed.
-WITH changed AS (
-    -- the rows that change a request's table: a new or resumed request's blocks are the whole
-    -- table (a reset), a cached request's are appended (the row before each is where the
-    -- previous table's last row is). A plain id's rows (run_groups) come from `grants`, with
-    -- the previous row as `runs` gives it, so the other rows of `runs` are never read.
-    SELECT g.inst, r.step, r.kind, r.blocks,
-           CAST(r.num_computed_tokens AS INTEGER) AS num_computed_tokens,
-           CAST(r.num_scheduled_tokens AS INTEGER) AS num_scheduled_tokens,
-           CASE WHEN r.step > g.first_step THEN r.step - 1 END AS prev_step,
-           CASE WHEN r.step > g.first_step THEN CAST(r.num_computed_tokens AS INTEGER) END
-               AS prev_end
+WITH plain_changes AS (
+    -- A plain id (run_groups) whose first row is new or resumed has one table, reset at that
+    -- row: its length at each change is the blocks handed out so far, and the table before the
+    -- next change had to hold that change's num_computed_tokens (a plain id's rows each begin
+    -- where the previous one ended). So its changes, taken from `grants`, need one window of
+    -- three functions (the general walk below took 2 s for them at a million steps).
+    SELECT g.inst, r.step, r.blocks, r.num_computed_tokens + r.num_scheduled_tokens AS tokens,
+           r.num_computed_tokens, g.last_end
     FROM grants r
     JOIN run_groups g ON g.engine = r.engine AND g.req_id = r.req_id AND g.plain
-    WHERE r.kind IS NOT NULL
-    UNION ALL
-    SELECT inst, step, kind, blocks, num_computed_tokens, num_scheduled_tokens, prev_step,
-           prev_end
-    FROM windowed_runs
+    WHERE r.kind IS NOT NULL AND g.first_kind IN ('new', 'resumed')
+      AND (r.blocks > 0 OR r.kind IN ('new', 'resumed'))
+),
+plain_ends AS (
+    SELECT inst, step, next_change, table_len,
+           GREATEST(tokens, CASE WHEN next_change IS NULL THEN last_end ELSE next_computed END)
+               AS most_tokens
+    FROM (
+        SELECT inst, step, tokens, last_end,
+               SUM(blocks) OVER (PARTITION BY inst ORDER BY step
+                                 ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS table_len,
+               LEAD(step) OVER (PARTITION BY inst ORDER BY step) AS next_change,
+               LEAD(num_computed_tokens) OVER (PARTITION BY inst ORDER BY step) AS next_computed
+        FROM plain_changes
+    ) w
 ),
 changes AS (
+    -- the other ids' rows that change a request's table: a new or resumed request's blocks are
+    -- the whole table (a reset), a cached request's are appended (the row before each is where
+    -- the previous table's last row is)
     SELECT inst, step, blocks, num_computed_tokens + num_scheduled_tokens AS tokens,
            prev_step, prev_end AS prev_tokens,
            CASE WHEN kind IN ('new', 'resumed') THEN 1 ELSE 0 END AS reset
-    FROM changed
+    FROM windowed_runs
     WHERE blocks > 0 OR kind IN ('new', 'resumed')
 ),
 walked AS (
@@ -65,9 +75,6 @@ tables_ AS (
     JOIN bases b ON b.inst = w.inst AND b.segment = w.segment
 ),
 last_rows AS (
-    -- a plain id's last row is in run_groups already
-    SELECT inst, last_step, last_end AS last_tokens FROM run_groups WHERE plain
-    UNION ALL
     SELECT inst, MAX(step) AS last_step,
            ARG_MAX(num_computed_tokens + num_scheduled_tokens, step) AS last_tokens
     FROM windowed_runs
@@ -84,6 +91,8 @@ ends AS (
     FROM tables_ t
     JOIN last_rows l ON l.inst = t.inst
     WHERE t.segment > 0
+    UNION ALL
+    SELECT inst, step, next_change, table_len, most_tokens FROM plain_ends
 ),
 smallest AS (
     SELECT MIN(block_size) AS block_size FROM engines
