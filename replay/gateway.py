@@ -257,7 +257,8 @@ VIEW_DOCS = {
     "step_totals": "One row per step with listed requests: engine, step, n (rows with a token "
                    "count), tokens (their sum), ids_hash (the sum of HASH(req_id) over them: two "
                    "steps list the same ids when n and ids_hash agree, barring a 64-bit "
-                   "collision), most_tokens (the largest num_computed_tokens + num_scheduled_tokens).",
+                   "collision), most_tokens (the largest num_computed_tokens + "
+                   "num_scheduled_tokens).",
     "grants": "The `scheduled` rows that hand out blocks or reset a request's block table (new "
               "or resumed): engine, step, req_id, kind, pos, num_computed_tokens, "
               "num_scheduled_tokens, blocks (blocks added to each KV cache group's table), "
@@ -320,7 +321,7 @@ class Gateway:
     def _create_views(self) -> None:
         # Every GROUP BY, window and join of the catalog is keyed by engine: as a VARCHAR that
         # compared strings on every row, as an ENUM it costs what an integer does.
-        names = ", ".join(f"'{_q(e.name)}'" for e in self.trace.engines)
+        names = ", ".join(f"'{_q(n)}'" for n in dict.fromkeys(e.name for e in self.trace.engines))
         self.con.execute(f"CREATE TYPE engine_name AS ENUM ({names})")
         for table in schema.TABLE_NAMES:
             sch = schema.schema(table)
