@@ -545,6 +545,19 @@ def test_sql_command_and_views(tiny_model, tmp_path):
         assert all(x["finish_reason"] == "LENGTH" for x in life)
         assert sum(x["resumes"] for x in life) == gw.sql(
             "SELECT COUNT(*) AS n FROM scheduled WHERE kind = 'resumed'")["n"][0].as_py()
+    # engine is an ENUM in the views; to a user's SQL and its output it is the engine's name
+    (name,) = [e.name for e in open_trace(tmp_path).engines]
+    rows = open_trace(tmp_path).read("scheduled").num_rows
+    query = (f"SELECT engine, COUNT(*) AS n, MAX(engine || '/') AS tagged FROM scheduled "
+             f"WHERE engine = '{name}' AND engine LIKE '%dp0' AND engine IN "
+             f"(SELECT col0 FROM (VALUES ('{name}'))) GROUP BY engine")
+    for fmt in ("json", "csv"):
+        r = CliRunner().invoke(app, ["sql", str(tmp_path), query, "--format", fmt])
+        assert r.exit_code == 0, r.output
+        if fmt == "json":
+            assert json.loads(r.stdout) == [{"engine": name, "n": rows, "tagged": name + "/"}]
+        else:
+            assert r.stdout.splitlines() == ["engine,n,tagged", f"{name},{rows},{name}/"]
 
 
 # -- portability ------------------------------------------------------------------------------
