@@ -204,7 +204,7 @@ FROM windowed_runs
 STEP_TOTALS_SQL = """
 CREATE VIEW step_totals AS
 SELECT engine, step, COUNT(*) AS n, SUM(num_scheduled_tokens) AS tokens,
-       SUM(HASH(req_id)) AS ids_hash,
+       SUM(HASH(step, req_id)) AS ids_hash,
        MAX(num_computed_tokens + num_scheduled_tokens) AS most_tokens
 FROM scheduled
 WHERE num_scheduled_tokens IS NOT NULL
@@ -255,9 +255,9 @@ VIEW_DOCS = {
     "engines": "One row per engine (from its manifest): the settings checks compare against.",
     "dropped": "One row per range of steps the recorder dropped (writer behind).",
     "step_totals": "One row per step with listed requests: engine, step, n (rows with a token "
-                   "count), tokens (their sum), ids_hash (the sum of HASH(req_id) over them: two "
-                   "steps list the same ids when n and ids_hash agree, barring a 64-bit "
-                   "collision), most_tokens (the largest num_computed_tokens + "
+                   "count), tokens (their sum), ids_hash (the sum of HASH(step, req_id) over them: "
+                   "two steps, or two spans of steps summed, list the same ids when n and "
+                   "ids_hash agree, barring a 64-bit collision), most_tokens (the largest num_computed_tokens + "
                    "num_scheduled_tokens).",
     "grants": "The `scheduled` rows that hand out blocks or reset a request's block table (new "
               "or resumed): engine, step, req_id, kind, pos, num_computed_tokens, "

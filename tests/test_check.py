@@ -800,6 +800,18 @@ ROW_BY_ROW = {
         JOIN run_ids k ON k.inst = b.inst JOIN engines e ON e.engine = k.engine
         WHERE (b.so_far - b.base) * e.block_size < b.tokens
         GROUP BY k.engine, k.req_id, b.inst, b.changed_at""",
+    "outputs.ids_mismatch": """
+        WITH updated AS (SELECT DISTINCT engine, step FROM updates),
+        s AS (SELECT x.engine, x.step, x.req_id FROM scheduled x
+              JOIN updated u ON u.engine = x.engine AND u.step = x.step
+              WHERE x.num_scheduled_tokens IS NOT NULL),
+        m AS (SELECT x.engine, x.step, x.req_id FROM model_outputs x
+              JOIN updated u ON u.engine = x.engine AND u.step = x.step)
+        SELECT COALESCE(s.engine, m.engine) AS engine, COALESCE(s.step, m.step) AS step,
+               COALESCE(s.req_id, m.req_id) AS req_id
+        FROM s FULL OUTER JOIN m ON m.engine = s.engine AND m.step = s.step
+             AND m.req_id = s.req_id
+        WHERE s.req_id IS NULL OR m.req_id IS NULL""",
     "tokens.total_mismatch": """
         SELECT t.engine, t.step, NULL AS req_id FROM steps t
         LEFT JOIN (SELECT engine, step, SUM(num_scheduled_tokens) AS n FROM scheduled
@@ -855,6 +867,9 @@ def test_split_checks_equal_their_row_by_row_form(tiny_model, tmp_path):
     lengths = [r["num_computed_tokens"] + r["num_scheduled_tokens"] for r in rows
                if r["num_scheduled_tokens"]]
     edit_manifest(tmp_path, max_model_len=sorted(lengths)[len(lengths) * 3 // 4])
+    edit(tmp_path, "model_outputs", lambda rs: [  # one output lost, one for nobody
+        r for r in rs if (r["step"], r["req_id"]) != (rs[5]["step"], rs[5]["req_id"])]
+        + [{**rs[-7], "req_id": "ghost"}])
     edit(tmp_path, "steps", lambda rs: [  # totals off by one
         {**r, "total_num_scheduled_tokens": r["total_num_scheduled_tokens"] + 1}
         if r["step"] % 7 == 3 else r for r in rs])

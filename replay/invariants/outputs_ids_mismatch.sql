@@ -6,20 +6,70 @@
 -- relies_on: vllm/v1/core/sched/scheduler.py Scheduler.update_from_output
 -- needs: scheduled, model_outputs, updates, step_totals
 -- columns: engine, step, req_id, details
-WITH sched_fp AS (
-    -- Most steps match, so each step's ids are first compared as a fingerprint (count and sum of
-    -- hashes) and only the steps whose fingerprints differ are joined id by id: the full join of a
+WITH updated AS (
+    SELECT engine, MIN(step) AS lo, MAX(step) AS hi, COUNT(DISTINCT step) AS n_steps
+    FROM updates
+    GROUP BY engine
+),
+whole AS (
+    -- an engine whose updated steps run unbroken from its first to its last
+    SELECT engine, lo, hi FROM updated WHERE n_steps = hi - lo + 1
+),
+sched_all AS (
+    SELECT w.engine, SUM(t.n) AS n, SUM(t.ids_hash) AS h
+    FROM whole w
+    JOIN step_totals t ON t.engine = w.engine AND t.step >= w.lo AND t.step <= w.hi
+    GROUP BY w.engine
+),
+out_all AS (
+    -- every row (a join with the span would cost more than the sums): the span's bounds say
+    -- whether they all lie in it
+    SELECT engine, COUNT(*) AS n, SUM(HASH(step, req_id)) AS h, MIN(step) AS lo, MAX(step) AS hi
+    FROM model_outputs
+    GROUP BY engine
+),
+settled AS (
+    -- Such an engine's rows are first compared as a whole: the count and the sum of
+    -- HASH(step, req_id) of its listed rows in that span against its model output's, when the
+    -- model output has no row outside the span. They agree exactly when no step differs
+    -- (barring a 64-bit collision), and then neither table is grouped by step (the model
+    -- output's grouping took 1 s at a million steps).
+    SELECT w.engine
+    FROM whole w
+    LEFT JOIN sched_all a ON a.engine = w.engine
+    LEFT JOIN out_all o ON o.engine = w.engine
+    WHERE COALESCE(a.n, 0) = COALESCE(o.n, 0) AND COALESCE(a.h, 0) = COALESCE(o.h, 0)
+      AND (o.engine IS NULL OR (o.lo >= w.lo AND o.hi <= w.hi))
+),
+unsettled AS (
+    SELECT u.engine FROM updated u
+    LEFT JOIN settled t ON t.engine = u.engine
+    WHERE t.engine IS NULL
+),
+unsettled_span AS (
+    -- no row when every engine is settled: then the range joins below read nothing (a join
+    -- with `unsettled` itself could take the model output as its build side: 3 s)
+    SELECT MIN(u.lo) AS lo, MAX(u.hi) AS hi
+    FROM updated u JOIN unsettled x ON x.engine = u.engine
+    HAVING COUNT(*) > 0
+),
+sched_fp AS (
+    -- The other engines' steps are compared each as a fingerprint (count and sum of hashes), and
+    -- only the steps whose fingerprints differ are joined id by id: the full join of a
     -- million-step trace spilled (18 s; 2.6 s this way). Two different id sets of one step escape
     -- only if their 64-bit hash sums collide.
-    SELECT engine, step, n, ids_hash AS h FROM step_totals
+    SELECT t.engine, t.step, t.n, t.ids_hash AS h
+    FROM step_totals t JOIN unsettled_span b ON t.step >= b.lo AND t.step <= b.hi
 ),
 out_fp AS (
-    SELECT engine, step, COUNT(*) AS n, SUM(HASH(req_id)) AS h FROM model_outputs
-    GROUP BY engine, step
+    SELECT m.engine, m.step, COUNT(*) AS n, SUM(HASH(m.step, m.req_id)) AS h
+    FROM model_outputs m JOIN unsettled_span b ON m.step >= b.lo AND m.step <= b.hi
+    GROUP BY m.engine, m.step
 ),
 suspect AS (
     SELECT u.engine, u.step
-    FROM (SELECT DISTINCT engine, step FROM updates) u
+    FROM (SELECT DISTINCT d.engine, d.step FROM updates d
+          JOIN unsettled x ON x.engine = d.engine) u
     LEFT JOIN sched_fp s ON s.engine = u.engine AND s.step = u.step
     LEFT JOIN out_fp o ON o.engine = u.engine AND o.step = u.step
     WHERE COALESCE(s.n, 0) <> COALESCE(o.n, 0) OR COALESCE(s.h, 0) <> COALESCE(o.h, 0)
