@@ -349,8 +349,12 @@ class Gateway:
             arrow = pa.concat_tables(live) if live else empty
             self._arrow[table] = arrow
             self.con.register(f"_live_{table}", arrow)
-            selects.append(f"SELECT CAST(engine AS engine_name) AS engine, {cols} "
-                           f"FROM _live_{table}")
+            # An empty live part is left out of the view when Parquet holds the rows: with it,
+            # DuckDB loses the files' statistics and groups by step with a general hash table
+            # (a per-step aggregate over a million steps: 1.4 s against 1.05 s without it).
+            if live or not selects:
+                selects.append(f"SELECT CAST(engine AS engine_name) AS engine, {cols} "
+                               f"FROM _live_{table}")
             self.con.execute(f"CREATE VIEW {table} AS " + " UNION ALL ".join(selects))
         self._register("_engines", ENGINES_SCHEMA, [self._engine_row(e) for e in self.trace.engines])
         self._register("_dropped", DROPPED_SCHEMA, [
