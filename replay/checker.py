@@ -8,7 +8,7 @@ from typing import Callable
 from vllm_contract import schema
 from vllm_contract.errors import TraceError
 from vllm_contract.replay.catalog import SEVERITIES, Invariant
-from vllm_contract.replay.gateway import Gateway
+from vllm_contract.replay.gateway import SHARED_VIEWS, Gateway
 
 RANK = {s: i for i, s in enumerate(reversed(SEVERITIES))}  # info 0, warning 1, error 2
 
@@ -55,13 +55,6 @@ def run(gateway: Gateway, invariants: list[Invariant],
     ran: list[str] = []
     views = set(gateway.views)
     derived = views - set(schema.TABLE_NAMES)  # views computed from the tables, always there
-    # Read by several checks: each computed once for the whole run, after the ones it reads.
-    # `runs` stays a view over them: each check reads only its columns.
-    shared = {"step_totals": (), "grants": (), "drafts": (), "instances": (),
-              "run_groups": ("instances", "drafts"),
-              "windowed_runs": ("instances", "drafts", "run_groups"),
-              "run_ids": ("instances", "drafts", "run_groups", "windowed_runs")}
-    over = {"runs": "windowed_runs"}
     for n, inv in enumerate(invariants):
         if progress:
             progress(n, len(invariants), inv.id)
@@ -75,9 +68,8 @@ def run(gateway: Gateway, invariants: list[Invariant],
             skipped[inv.id] = f"the trace lacks {', '.join(lacking)}"
             continue
         try:
-            wanted = {over.get(v, v) for v in inv.needs} & set(shared)
-            wanted |= {d for v in wanted for d in shared[v]}
-            for view in (v for v in shared if v in wanted):
+            # read by several checks: each stored once for the whole run
+            for view in dict.fromkeys(v for need in inv.needs for v in SHARED_VIEWS.get(need, ())):
                 if progress and not gateway.is_materialized(view):
                     progress(n, len(invariants), f"(computing the shared view {view})")
                 gateway.materialize(view)

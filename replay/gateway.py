@@ -22,7 +22,7 @@ from vllm_contract import schema
 from vllm_contract.errors import TraceError
 from vllm_contract.replay.trace import Trace, open_trace, read_segment
 
-# Views derived from the tables, documented with them (see VIEW_DOCS and docs/sql.md).
+# Views derived from the tables, documented with them (see VIEW_DOCS and docs/sql-views.md).
 ENGINES_SCHEMA = pa.schema([
     pa.field("engine", pa.string()), pa.field("model", pa.string()),
     pa.field("block_size", pa.int64()), pa.field("num_kv_blocks", pa.int64()),
@@ -147,13 +147,15 @@ LEFT JOIN candidates c ON c.engine = g.engine AND c.req_id = g.req_id
 
 # The columns of a listed row that `runs` carries: counts as INTEGER, and no more columns than
 # the checks read (every byte of a row travels through the window's sort).
+# Blocks a row adds to each KV cache group's table (new_block_ids holds one list per group).
+_BLOCKS = """CAST(CASE WHEN CARDINALITY({ids}) > 0
+                 THEN CARDINALITY(FLATTEN({ids})) / CARDINALITY({ids})
+                 ELSE 0 END AS INTEGER)"""
+
 _RUN_COLUMNS = """s.step, s.kind, CAST(s.num_scheduled_tokens AS INTEGER) AS num_scheduled_tokens,
            CAST(s.num_computed_tokens AS INTEGER) AS num_computed_tokens,
            CAST(s.num_output_tokens AS INTEGER) AS num_output_tokens,
-           {drafts} AS drafts,
-           CAST(CASE WHEN CARDINALITY(s.new_block_ids) > 0
-                     THEN CARDINALITY(FLATTEN(s.new_block_ids)) / CARDINALITY(s.new_block_ids)
-                     ELSE 0 END AS INTEGER) AS blocks"""
+           {drafts} AS drafts, """ + _BLOCKS.format(ids="s.new_block_ids") + " AS blocks"
 
 # The rows of `runs` of the ids that are not plain: one window pass over them alone. The checker
 # materialises it once per run (see Gateway.materialize).
@@ -161,7 +163,8 @@ WINDOWED_RUNS_SQL = f"""
 CREATE VIEW windowed_runs AS
 WITH keyed AS (
     -- the rows of ids that are not plain, each with its request instance (`instances`' inst)
-    SELECT {_RUN_COLUMNS.format(drafts="CAST(COALESCE(CARDINALITY(s.spec_token_ids), 0) AS INTEGER)")},
+    SELECT {_RUN_COLUMNS.format(
+        drafts="CAST(COALESCE(CARDINALITY(s.spec_token_ids), 0) AS INTEGER)")},
            COALESCE(i.inst, {ORPHAN_KEY.format(engine="s.engine", req_id="s.req_id")}) AS inst
     FROM scheduled s
     JOIN run_groups g ON g.engine = s.engine AND g.req_id = s.req_id AND NOT g.plain
@@ -214,13 +217,10 @@ GROUP BY engine, step
 # The rows that hand out blocks or reset a block table (about one row in fourteen of a decoding
 # trace), with their block ids in one list: the three block checks read these instead of each
 # decoding every row's list of lists (about 1 s per check at a million steps).
-GRANTS_SQL = """
+GRANTS_SQL = f"""
 CREATE VIEW grants AS
 SELECT engine, step, req_id, kind, pos, num_computed_tokens, num_scheduled_tokens,
-       CAST(CASE WHEN CARDINALITY(new_block_ids) > 0
-                 THEN CARDINALITY(FLATTEN(new_block_ids)) / CARDINALITY(new_block_ids)
-                 ELSE 0 END AS INTEGER) AS blocks,
-       FLATTEN(new_block_ids) AS block_ids
+       {_BLOCKS.format(ids="new_block_ids")} AS blocks, FLATTEN(new_block_ids) AS block_ids
 FROM scheduled
 WHERE new_block_ids IS NOT NULL OR kind IN ('new', 'resumed')
 """
@@ -250,6 +250,20 @@ JOIN scheduled s ON {ORPHAN_KEY.format(engine="s.engine", req_id="s.req_id")} = 
 DERIVED_SQL = (STEP_TOTALS_SQL, GRANTS_SQL, DRAFTS_SQL, INSTANCES_SQL, LIFELINE_SQL,
                RUN_GROUPS_SQL, WINDOWED_RUNS_SQL, RUNS_SQL, RUN_IDS_SQL)
 
+# The derived views several checks read, each with the views to store (Gateway.materialize), in
+# order, before a check reads it: itself and the views it reads. `runs` itself stays a view: each
+# check reads only its own columns of it.
+SHARED_VIEWS = {
+    "step_totals": ("step_totals",),
+    "grants": ("grants",),
+    "drafts": ("drafts",),
+    "instances": ("instances",),
+    "run_groups": ("instances", "drafts", "run_groups"),
+    "windowed_runs": ("instances", "drafts", "run_groups", "windowed_runs"),
+    "runs": ("instances", "drafts", "run_groups", "windowed_runs"),
+    "run_ids": ("instances", "drafts", "run_groups", "windowed_runs", "run_ids"),
+}
+
 VIEW_DOCS = {
     **{name: doc for name, (doc, _) in schema.TABLES.items()},
     "engines": "One row per engine (from its manifest): the settings checks compare against.",
@@ -257,8 +271,8 @@ VIEW_DOCS = {
     "step_totals": "One row per step with listed requests: engine, step, n (rows with a token "
                    "count), tokens (their sum), ids_hash (the sum of HASH(step, req_id) over them: "
                    "two steps, or two spans of steps summed, list the same ids when n and "
-                   "ids_hash agree, barring a 64-bit collision), most_tokens (the largest num_computed_tokens + "
-                   "num_scheduled_tokens).",
+                   "ids_hash agree, barring a 64-bit collision), most_tokens (the largest "
+                   "num_computed_tokens + num_scheduled_tokens).",
     "grants": "The `scheduled` rows that hand out blocks or reset a request's block table (new "
               "or resumed): engine, step, req_id, kind, pos, num_computed_tokens, "
               "num_scheduled_tokens, blocks (blocks added to each KV cache group's table), "
@@ -456,7 +470,7 @@ def _one_line(e: Exception) -> str:
 
 
 def views_markdown() -> str:
-    """docs/sql.md's view list (generated, so it cannot drift)."""
+    """docs/sql-views.md's view list (generated, so it cannot drift)."""
     out = ["<!-- generated by `python -m vllm_contract.replay.gateway` -->", "",
            "Every table of the trace format is a view with an `engine` column first "
            "(the engine directory's name); see docs/trace-tables.md for their columns. Its "

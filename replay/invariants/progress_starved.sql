@@ -9,7 +9,7 @@
 -- note: waiting requests can wait for dozens of steps because KV blocks, not tokens, are the
 --       limit; only requests already running (not preempted) count, and only gaps of 64 steps
 --       or more in which every step left token budget and sequence slots unused.
---       An id with a gap is never one of run_groups: windowed_runs has its rows.
+--       An id with a gap is never plain (run_groups): windowed_runs has its rows.
 WITH gaps AS (
     SELECT k.engine, k.req_id, r.step, r.prev_step
     FROM windowed_runs r

@@ -6,7 +6,7 @@
 -- relies_on: vllm/v1/worker/gpu_model_runner.py GPUModelRunner._update_states
 -- needs: scheduled, windowed_runs, run_ids
 -- columns: engine, step, req_id, details
--- note: an id listed twice in one step is never one of run_groups: windowed_runs has its rows.
+-- note: an id listed twice in one step is never plain (run_groups): windowed_runs has its rows.
 WITH dup AS (
     -- ordered by step, an instance listed twice in one step follows itself
     SELECT DISTINCT inst, step FROM windowed_runs WHERE prev_step = step
