@@ -14,6 +14,7 @@ import typer
 from vllm_contract.errors import TraceError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  rich_markup_mode="markdown",
                   help="Record, check and replay the contract between vLLM's scheduler and "
                        "its workers.")
 

@@ -241,3 +241,20 @@ def test_not_closed_cleanly(trace):
     e = json.loads(r.stdout)["engines"][0]
     assert e["closed_cleanly"] is False
     assert any("not closed cleanly" in i for i in e["integrity"])
+
+
+# -- help ----------------------------------------------------------------------------------------
+
+def test_command_list_rewraps_each_summary():
+    """The summaries are docstrings wrapped at 100 columns in the source: on a wide terminal each
+    must read as one line, not keep the source's breaks."""
+    import inspect
+
+    result = CliRunner().invoke(app, ["--help"], terminal_width=400, env={"COLUMNS": "400"})
+    assert result.exit_code == 0, result.output
+    lines = [re.sub(r"[│\s]+", " ", ln).strip() for ln in result.stdout.splitlines()]
+    for cmd in app.registered_commands:
+        name = cmd.name or cmd.callback.__name__
+        summary = " ".join(inspect.getdoc(cmd.callback).split("\n\n")[0].split())
+        summary = summary.replace("`", "")  # code spans lose their ticks when rendered
+        assert f"{name} {summary}" in lines, (name, summary, result.stdout)
