@@ -10,6 +10,8 @@ so this module needs the __main__ guard.
                                                             one generate() per line; "exit" ends
     python live_child.py MODEL RESULTS twice NAME N         the same requests twice, into
                                                             RESULTS/NAME-1.json and NAME-2.json
+    python live_child.py MODEL RESULTS demo NAME            the demo's workload (chunked prefill,
+                                                            preemption, aborts): RESULTS/NAME.json
     options: --greedy (every request greedy, so that two runs can be compared);
              --no-prefix-cache (the second of two runs computes exactly what the first did);
              --user-async-scheduler (a subclass of AsyncScheduler as scheduler_cls);
@@ -100,6 +102,14 @@ def main() -> None:
     if mode == "twice":
         run(llm, results, args[4] + "-1", int(args[5]), 0, greedy)
         run(llm, results, args[4] + "-2", int(args[5]), 0, greedy)
+        return
+    if mode == "demo":
+        from vllm_contract.rig.engine import demo_workload
+
+        tokens = demo_workload(llm)
+        tmp = results / f"{args[4]}.json.tmp"
+        tmp.write_text(json.dumps(tokens))
+        tmp.replace(results / f"{args[4]}.json")
         return
     if mode == "once":
         run(llm, results, args[4], int(args[5]), 0, greedy)
