@@ -10,6 +10,7 @@ Everything the scheduler does with them is vLLM's real code.
 
 from __future__ import annotations
 
+import collections
 import re
 import zlib
 from dataclasses import dataclass, field
@@ -35,6 +36,10 @@ class HarnessConfig:
     # Keep every fabricated model output (tests compare them with the trace). Benchmarks turn it
     # off: 1024 lists kept per step make Python's full GC runs frequent and skew timings.
     keep_model_outputs: bool = True
+    # Batches in flight, as EngineCore.step_with_batch_queue keeps them (async scheduling,
+    # pipeline parallelism): above 1, the real AsyncScheduler schedules the next step before
+    # the previous one's update. Drafts then come from the worker, which is not modelled here.
+    batch_queue: int = 1
 
 
 def token_for(req_id: str, position: int) -> int:
@@ -56,12 +61,16 @@ class Harness:
         from vllm.engine.arg_utils import EngineArgs
         from vllm.utils.hashing import get_hash_fn_by_name
         from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+        from vllm.v1.core.sched.async_scheduler import AsyncScheduler
         from vllm.v1.core.sched.scheduler import Scheduler
         from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig,
                                                 KVCacheGroupSpec)
         from vllm.v1.structured_output import StructuredOutputManager
 
         self.config = c = config or HarnessConfig()
+        if c.batch_queue > 1 and c.num_spec_tokens:
+            raise ValueError("batch_queue > 1 with spec tokens: under async scheduling the drafts "
+                             "come from the worker, which the harness does not model")
         spec = None
         if c.num_spec_tokens:
             spec = {"method": "ngram", "num_speculative_tokens": c.num_spec_tokens,
@@ -79,9 +88,11 @@ class Harness:
             num_blocks=c.num_blocks, kv_cache_tensors=[],
             kv_cache_groups=[KVCacheGroupSpec(["layer"], FullAttentionSpec(
                 block_size=c.block_size, num_kv_heads=2, head_size=32, dtype=torch.bfloat16))])
-        self.scheduler = Scheduler(vllm_config=vc, kv_cache_config=kv_config,
-                                   structured_output_manager=StructuredOutputManager(vc),
-                                   block_size=c.block_size, log_stats=False)
+        cls = AsyncScheduler if c.batch_queue > 1 else Scheduler
+        self.scheduler = cls(vllm_config=vc, kv_cache_config=kv_config,
+                             structured_output_manager=StructuredOutputManager(vc),
+                             block_size=c.block_size, log_stats=False)
+        self._queue: collections.deque = collections.deque()  # (output, prefill chunks), newest first
         self.block_hasher = None
         if c.enable_prefix_caching:
             hash_fn = get_hash_fn_by_name(vc.cache_config.prefix_caching_hash_algo)
@@ -92,6 +103,7 @@ class Harness:
             real_schedule = self.scheduler.schedule
             self.scheduler.schedule = lambda *a, **kw: self._stamp_encoder(real_schedule(*a, **kw))
         self.steps = 0
+        self.overlapped = 0  # schedule() calls made while an earlier batch was in flight
         self.outputs: dict[str, list[int]] = {}  # req_id -> tokens the engine emitted
         self.model_outputs: list[tuple[list[str], list[list[int]]]] = []  # what we fed, per step
         self._drafts_accepted = 0
@@ -134,23 +146,55 @@ class Harness:
 
     @property
     def busy(self) -> bool:
-        return self.scheduler.get_num_unfinished_requests() > 0 or self.scheduler.has_finished_requests()
+        return (self.scheduler.get_num_unfinished_requests() > 0
+                or self.scheduler.has_finished_requests() or bool(self._queue))
 
     # -- steps ---------------------------------------------------------------------------------
     def step(self) -> StepResult:
+        """One engine step: schedule, then update with the fabricated output. With
+        batch_queue > 1, as step_with_batch_queue: schedule while the queue has room (no update
+        then: the result has no model output), else update the oldest batch in flight."""
+        if self.config.batch_queue == 1:
+            return self._update(*self._schedule())
+        sched, queue = self.scheduler, self._queue
+        if sched.has_requests():
+            self.overlapped += bool(queue)
+            queue.appendleft(self._schedule())
+            so = queue[0][0]
+            if len(queue) < self.config.batch_queue and (
+                    so.total_num_scheduled_tokens > 0 or sched.has_requests()):
+                return StepResult(so, None, {})
+        elif not queue:
+            return StepResult(None, None, {})
+        return self._update(*queue.pop())
+
+    def _schedule(self) -> tuple[Any, dict[str, bool]]:
+        """A SchedulerOutput, and for each request it schedules that the scheduler knows
+        whether it is a prefill chunk (which samples nothing), as marked when it was
+        scheduled: by the time a queued batch is updated, later schedule() calls have moved
+        each request on, and it may have finished or been aborted meanwhile."""
+        so = self.scheduler.schedule()
+        requests = self.scheduler.requests
+        chunks = {rid: requests[rid].is_prefill_chunk for rid in so.num_scheduled_tokens
+                  if rid in requests}
+        return so, chunks
+
+    def _update(self, so: Any, chunks: dict[str, bool]) -> StepResult:
         from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
 
         sched = self.scheduler
-        so = sched.schedule()
         allowed = self._grammar_choices(so)
         req_ids, sampled = [], []
         for rid in so.num_scheduled_tokens:
-            req = sched.requests.get(rid)
-            if req is None:
+            if rid not in chunks:  # unknown when scheduled (a test's patch): no worker has it
                 continue
             req_ids.append(rid)
-            if req.num_computed_tokens < req.num_tokens:  # a partial prefill chunk
+            if chunks[rid]:
                 sampled.append([])
+                continue
+            req = sched.requests.get(rid)
+            if req is None:  # finished or aborted while its batch was in flight: still run
+                sampled.append([token_for(rid, -1)])
                 continue
             drafts = so.scheduled_spec_decode_tokens.get(rid, [])
             # Accept a deterministic prefix of the real drafts, then one fresh token.

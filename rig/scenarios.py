@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from vllm_contract.rig.harness import Harness, HarnessConfig
@@ -152,11 +152,13 @@ SCENARIOS = {s.name: s for s in [
 
 
 def run(name: str, model_dir: str, trace_dir: str | None = None,
-        on_schedule: Callable | None = None, **writer_options) -> Harness:
+        on_schedule: Callable | None = None, batch_queue: int = 1, **writer_options) -> Harness:
+    """Play scenario `name`; batch_queue=2 plays it with two batches in flight (the real
+    AsyncScheduler, as on vLLM's async-scheduling step path)."""
     from vllm_contract.recorder import attach
 
     s = SCENARIOS[name]
-    h = Harness(model_dir, s.config)
+    h = Harness(model_dir, replace(s.config, batch_queue=batch_queue))
     if on_schedule is not None:
         original = h.scheduler.schedule
 
