@@ -38,7 +38,8 @@ class HarnessConfig:
     keep_model_outputs: bool = True
     # Batches in flight, as EngineCore.step_with_batch_queue keeps them (async scheduling,
     # pipeline parallelism): above 1, the real AsyncScheduler schedules the next step before
-    # the previous one's update. Drafts then come from the worker, which is not modelled here.
+    # the previous one's update. Drafts then stay in the worker: the scheduler sends -1
+    # placeholders, and the fabricated model accepts some of its (unseen) drafts.
     batch_queue: int = 1
 
 
@@ -68,9 +69,6 @@ class Harness:
         from vllm.v1.structured_output import StructuredOutputManager
 
         self.config = c = config or HarnessConfig()
-        if c.batch_queue > 1 and c.num_spec_tokens:
-            raise ValueError("batch_queue > 1 with spec tokens: under async scheduling the drafts "
-                             "come from the worker, which the harness does not model")
         spec = None
         if c.num_spec_tokens:
             spec = {"method": "ngram", "num_speculative_tokens": c.num_spec_tokens,
@@ -199,7 +197,10 @@ class Harness:
             drafts = so.scheduled_spec_decode_tokens.get(rid, [])
             # Accept a deterministic prefix of the real drafts, then one fresh token.
             accept = zlib.crc32(f"{rid}:{req.num_tokens}".encode()) % (len(drafts) + 1)
-            toks = [t for t in drafts[:accept] if t >= 0]
+            if self.config.batch_queue > 1:  # placeholders: the worker's drafts, accepted
+                toks = [token_for(rid, req.num_tokens + i) for i in range(accept)]
+            else:
+                toks = [t for t in drafts[:accept] if t >= 0]
             pos = req.num_tokens + len(toks)
             sampled.append(toks + [allowed.get(rid, token_for(rid, pos))])
         mro = ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
@@ -213,7 +214,7 @@ class Harness:
                 self.outputs.setdefault(o.request_id, []).extend(o.new_token_ids)
                 if o.finish_reason is not None:
                     finished.append(o.request_id)
-        if self.config.num_spec_tokens:
+        if self.config.num_spec_tokens and self.config.batch_queue == 1:
             k = self.config.num_spec_tokens
             live = [r for r in req_ids if r in sched.requests and not sched.requests[r].is_finished()]
             drafts = [[token_for(r, 10_000 + self.steps + i) for i in range(k)] for r in live]

@@ -10,9 +10,8 @@ from vllm_contract.rig import scenarios
 
 SMALL = [n for n in scenarios.SCENARIOS if n != "long_run"]
 # Two batches in flight (the AsyncScheduler's step path): updates come after the next
-# schedule(), and the recorder pairs each with its schedule by identity. Spec decoding is left
-# out: its drafts then come from the worker, which the harness does not model.
-OVERLAPPED = [(n, 2) for n in SMALL if n != "spec_decode"]
+# schedule(), and the recorder pairs each with its schedule by identity.
+OVERLAPPED = [(n, 2) for n in SMALL]
 
 
 @pytest.mark.parametrize("name,batch_queue", [(n, 1) for n in SMALL] + OVERLAPPED)
@@ -78,9 +77,3 @@ def test_scenario_shows_what_it_is_named_for(name, tiny_model, tmp_path):
     scenarios.run(name, tiny_model, tmp_path)
     assert SHOWS[name](open_trace(tmp_path).engines[0])
 
-
-def test_overlapped_batches_refuse_spec_decoding(tiny_model):
-    from vllm_contract.rig.harness import Harness, HarnessConfig
-
-    with pytest.raises(ValueError, match="drafts come from the worker"):
-        Harness(tiny_model, HarnessConfig(num_spec_tokens=2, batch_queue=2))
