@@ -90,7 +90,8 @@ class Harness:
         self.scheduler = cls(vllm_config=vc, kv_cache_config=kv_config,
                              structured_output_manager=StructuredOutputManager(vc),
                              block_size=c.block_size, log_stats=False)
-        self._queue: collections.deque = collections.deque()  # (output, prefill chunks), newest first
+        # batches in flight, newest first: (SchedulerOutput, prefill chunks)
+        self._queue: collections.deque = collections.deque()
         self.block_hasher = None
         if c.enable_prefix_caching:
             hash_fn = get_hash_fn_by_name(vc.cache_config.prefix_caching_hash_algo)
