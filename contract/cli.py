@@ -51,7 +51,8 @@ def _fmt_ns(ns: int | None) -> str:
 @app.command()
 def info(trace: Annotated[Path, typer.Argument(help="Trace directory (a root or one engine).")],
          format: Annotated[InfoFormat, typer.Option("--format", "-f")] = InfoFormat.table) -> None:
-    """Manifest, step and request counts, time span, vLLM version, fields seen, integrity."""
+    """Manifest, step and request counts, time span, batches in flight, vLLM version, fields
+    seen, integrity."""
     from vllm_contract.replay.gateway import Gateway
     from vllm_contract.replay.summary import summary
 
@@ -79,6 +80,10 @@ def info(trace: Annotated[Path, typer.Argument(help="Trace directory (a root or 
                    f"{e['tokens_scheduled']}")
         typer.echo(f"time          {_fmt_ns(e['first_step_ns'])} .. {_fmt_ns(e['last_step_ns'])}"
                    f"  ({e['span_s']:.3f} s)")
+        if e["most_in_flight"]:
+            typer.echo("batches       " + ("one at a time" if e["most_in_flight"] == 1 else
+                       f"up to {e['most_in_flight']} in flight ({e['overlapped_updates']} of "
+                       f"{e['rows']['updates']} updates came after the next schedule())"))
         typer.echo("rows          " + "  ".join(f"{k}={v}" for k, v in e["rows"].items()))
         drift = (e["contract_drift"] or {}).get("unknown_fields") or {}
         typer.echo(f"fields        {sum(len(v) for v in (e['fields'] or {}).values())} seen; "

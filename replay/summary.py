@@ -8,6 +8,45 @@ from vllm_contract import schema
 from vllm_contract.replay.trace import Trace
 
 
+# For each update_from_output(): how many schedule() calls from its own step on had returned
+# before it did. 1 means one batch at a time; 2 or more, batches overlapped (async scheduling,
+# pipeline parallelism: step_with_batch_queue), so what an update tells the scheduler (finished
+# ids, rejected drafts) reaches the worker a step or more later. Events ordered by wall clock.
+_IN_FLIGHT = """
+WITH s AS (
+    SELECT step, t_ns, ROW_NUMBER() OVER (ORDER BY step) - 1 AS i FROM steps_
+),
+ev AS (
+    SELECT t_ns, 1 AS is_schedule, CAST(NULL AS BIGINT) AS step FROM s
+    UNION ALL
+    SELECT t_ns, 0 AS is_schedule, step FROM updates_
+),
+seen AS (
+    SELECT step, is_schedule,
+           SUM(is_schedule) OVER (ORDER BY t_ns, is_schedule
+                                  ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS returned
+    FROM ev
+)
+SELECT MAX(n) AS most, COALESCE(SUM(CASE WHEN n > 1 THEN 1 ELSE 0 END), 0) AS overlapped
+FROM (SELECT GREATEST(v.returned - s.i, 1) AS n
+      FROM seen v JOIN s ON s.step = v.step
+      WHERE v.is_schedule = 0) x
+"""
+
+
+def _in_flight(steps, updates) -> dict:
+    import duckdb
+
+    con = duckdb.connect()
+    try:
+        con.register("steps_", steps.select(["step", "t_ns"]))
+        con.register("updates_", updates.select(["step", "t_ns"]))
+        most, overlapped = con.sql(_IN_FLIGHT).fetchall()[0]
+    finally:
+        con.close()
+    return {"most_in_flight": most, "overlapped_updates": int(overlapped)}
+
+
 def engine_summary(e) -> dict:
     m = e.manifest
     tables = {t: e.read(t) for t in schema.TABLE_NAMES}
@@ -45,6 +84,7 @@ def engine_summary(e) -> dict:
         "steps": steps.num_rows,
         "requests": len(set(reqs["req_id"].to_pylist())),
         "tokens_scheduled": pc.sum(steps["total_num_scheduled_tokens"]).as_py() or 0,
+        **_in_flight(steps, tables["updates"]),
         "first_step_ns": t["min"], "last_step_ns": t["max"],
         "span_s": (t["max"] - t["min"]) / 1e9 if steps.num_rows else 0.0,
         "closed_cleanly": bool(m.get("closed_cleanly")),

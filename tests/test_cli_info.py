@@ -105,6 +105,28 @@ def test_info_counts_match_the_trace(trace):
     assert json.loads(r.stdout)["engines"][0]["rows"] == rows
 
 
+@pytest.mark.parametrize("batch_queue", [1, 2])
+def test_batches_in_flight(batch_queue, tiny_model, tmp_path):
+    """How many batches the engine had in flight: per update, the schedule() calls from its own
+    step on that had returned before it (counted here from the raw timestamps)."""
+    scenarios.run("preemption", tiny_model, tmp_path, batch_queue=batch_queue)
+    t = open_trace(tmp_path)
+    returned = {r["step"]: r["t_ns"] for r in t.read("steps").to_pylist()}
+    in_flight = [sum(1 for s, at in returned.items() if s >= u["step"] and at < u["t_ns"])
+                 for u in t.read("updates").to_pylist()]
+    r = invoke("info", tmp_path, "--format", "json")
+    e = json.loads(r.stdout)["engines"][0]
+    assert e["most_in_flight"] == max(in_flight) == batch_queue
+    assert e["overlapped_updates"] == sum(n > 1 for n in in_flight)
+    assert (e["overlapped_updates"] > 0) == (batch_queue > 1)
+    line = next(ln for ln in invoke("info", tmp_path).stdout.splitlines()
+                if ln.startswith("batches"))
+    assert line.split(None, 1)[1] == ("one at a time" if batch_queue == 1 else
+                                      f"up to 2 in flight ({e['overlapped_updates']} of "
+                                      f"{e['rows']['updates']} updates came after the next "
+                                      "schedule())")
+
+
 # -- unusable input: exit 2, one line, no traceback -------------------------------------------------
 
 def test_missing_directory(tmp_path):
