@@ -1,7 +1,8 @@
 """Regenerate samples/: small real traces recorded by the rig, compacted to Parquet.
 
-Run with `make samples`. Each sample is one harness scenario (docs/scenarios.md) played on the
-real vLLM Scheduler; see samples/README.md for what each holds.
+Run with `make samples` (all of them), or `python samples/regenerate.py NAME ...` for some. Each
+sample is one harness scenario (docs/scenarios.md) played on the real vLLM Scheduler; see
+samples/README.md for what each holds.
 """
 
 from __future__ import annotations
@@ -15,24 +16,32 @@ from vllm_contract.replay.trace import open_trace
 from vllm_contract.rig import breaks, scenarios, tiny_model
 
 HERE = Path(__file__).resolve().parent
-SAMPLES = {  # sample directory -> scenario
-    "mixed": "mixed",
-    "spec-decode": "spec_decode",
-    "encoder-lookalike": "encoder_lookalike",
-    "structured-output": "structured_output",
+SAMPLES = {  # sample directory -> (scenario, batches in flight)
+    "mixed": ("mixed", 1),
+    "mixed-async": ("mixed", 2),
+    "spec-decode": ("spec_decode", 1),
+    "encoder-lookalike": ("encoder_lookalike", 1),
+    "structured-output": ("structured_output", 1),
 }
 
 
-def main() -> None:
+def main(names: list[str]) -> None:
+    unknown = set(names) - set(SAMPLES) - set(breaks.BREAKS)
+    if unknown:
+        sys.exit(f"unknown sample(s): {', '.join(sorted(unknown))}")
     model = str(tiny_model.build())
-    for sample, scenario in SAMPLES.items():
+    for sample, (scenario, batch_queue) in SAMPLES.items():
+        if names and sample not in names:
+            continue
         out = HERE / sample
         shutil.rmtree(out, ignore_errors=True)
-        scenarios.run(scenario, model, out)
+        scenarios.run(scenario, model, out, batch_queue=batch_queue)
         compact(open_trace(out))
         size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
         print(f"samples/{sample}: scenario {scenario}, {size} bytes", file=sys.stderr)
     for sample, (scenario, make, what) in breaks.BREAKS.items():
+        if names and sample not in names:
+            continue
         out = HERE / sample
         shutil.rmtree(out, ignore_errors=True)
         mutate, step = make(), [0]
@@ -47,4 +56,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

@@ -13,7 +13,10 @@ from vllm_contract.replay.trace import open_trace
 SAMPLES = Path(__file__).resolve().parents[1] / "samples"
 
 
-@pytest.mark.parametrize("name", ["mixed", "spec-decode", "encoder-lookalike", "structured-output"])
+CLEAN = ["mixed", "mixed-async", "spec-decode", "encoder-lookalike", "structured-output"]
+
+
+@pytest.mark.parametrize("name", CLEAN)
 def test_sample_opens_cleanly(name):
     result = CliRunner().invoke(app, ["info", str(SAMPLES / name)])
     assert result.exit_code == 0, result.stderr
@@ -49,8 +52,17 @@ def test_broken_sample_shows_its_break(name, invariant):
     assert invariant in errors
 
 
-@pytest.mark.parametrize("name", ["mixed", "spec-decode", "encoder-lookalike",
-                                  "structured-output"])
+def test_async_sample_has_batches_in_flight():
+    result = CliRunner().invoke(app, ["info", str(SAMPLES / "mixed-async")])
+    assert "batches       up to 2 in flight" in result.stdout
+    t = open_trace(SAMPLES / "mixed-async")
+    # a finish whose id went out two steps later: the step after it was already scheduled
+    events = {r["req_id"]: r["step"] for r in t.read("finish_events").to_pylist()}
+    delivered = {r["req_id"]: r["step"] for r in t.read("finished").to_pylist()}
+    assert any(delivered.get(rid) == step + 2 for rid, step in events.items())
+
+
+@pytest.mark.parametrize("name", CLEAN)
 def test_clean_sample_checks_clean(name):
     result = CliRunner().invoke(app, ["check", str(SAMPLES / name), "--fail-on", "warning"])
     assert result.exit_code == 0, result.stdout
