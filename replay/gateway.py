@@ -435,6 +435,11 @@ class Gateway:
         self.con.interrupt()
 
     def counts(self) -> dict[str, int]:
+        # the shared derived views stored first: counted as views, `runs` alone recomputed
+        # run_groups and its window (18 s for all counts at a million steps, against 7)
+        for needed in SHARED_VIEWS.values():
+            for view in needed:
+                self.materialize(view)
         return {v: self.sql(f"SELECT COUNT(*) AS n FROM {v}")["n"][0].as_py() for v in self.views}
 
     def close(self) -> None:

@@ -44,22 +44,43 @@ class EngineTrace:
                 by_seq[p.stem] = p
         return [by_seq[k] for k in sorted(by_seq)]
 
-    def read(self, table: str) -> pa.Table:
+    def read(self, table: str, columns: list[str] | None = None) -> pa.Table:
+        """A table's rows; only `columns` of them if given (Parquet then reads no others)."""
         found: list[str] = []
-        parts = [read_segment(p, found) for p in self.segments(table)]
+        parts = [read_segment(p, found, columns) for p in self.segments(table)]
         self.warnings.extend(w for w in found if w not in self.warnings)  # reads repeat
-        parts = [p.cast(schema.schema(table)) if p.schema != schema.schema(table) else p
-                 for p in parts if p is not None]
+        want = schema.schema(table)
+        if columns is not None:
+            want = pa.schema([want.field(c) for c in columns])
+        parts = [p.cast(want) if p.schema != want else p for p in parts if p is not None]
         if not parts:
-            return schema.schema(table).empty_table()
+            return want.empty_table()
         return pa.concat_tables(parts)
 
+    def count(self, table: str) -> int:
+        """A table's row count: a Parquet segment's from its footer, a stream segment's by
+        reading it (and reporting a torn tail, as read() does)."""
+        n = 0
+        for path in self.segments(table):
+            if path.suffix == schema.PARQUET_SUFFIX:
+                try:
+                    n += pq.ParquetFile(path).metadata.num_rows
+                except Exception as e:
+                    raise TraceError(f"{path}: unreadable Parquet segment ({e})") from None
+            else:
+                found: list[str] = []
+                part = read_segment(path, found)
+                self.warnings.extend(w for w in found if w not in self.warnings)
+                n += part.num_rows if part is not None else 0
+        return n
 
-def read_segment(path: Path, warnings: list[str]) -> pa.Table | None:
+
+def read_segment(path: Path, warnings: list[str],
+                 columns: list[str] | None = None) -> pa.Table | None:
     """Every whole batch of a segment; a torn tail (crash mid-write) is reported, not fatal."""
     if path.suffix == schema.PARQUET_SUFFIX:
         try:
-            return pq.read_table(path)
+            return pq.read_table(path, columns=columns)
         except Exception as e:
             raise TraceError(f"{path}: unreadable Parquet segment ({e})") from None
     try:
@@ -86,7 +107,8 @@ def read_segment(path: Path, warnings: list[str]) -> pa.Table | None:
     except (pa.ArrowInvalid, OSError) as e:
         warnings.append(f"{path}: truncated after {len(batches)} whole batches "
                         f"(kept; the writer did not finish: {e})")
-    return pa.Table.from_batches(batches, schema=reader.schema)
+    table = pa.Table.from_batches(batches, schema=reader.schema)
+    return table if columns is None else table.select(columns)
 
 
 _STREAM_MARKER = b"\xff\xff\xff\xff"
