@@ -91,7 +91,7 @@ def _summarise(out: Path) -> str:
     engines = t.engines
     steps = sum(e.manifest.get("steps_recorded") or 0 for e in engines)
     try:
-        steps = t.read("steps").num_rows
+        steps = sum(e.count("steps") for e in engines)
     except TraceError:
         pass
     unclean = sum(1 for e in engines if not e.manifest.get("closed_cleanly"))
