@@ -30,18 +30,21 @@ SAME = ["tokens.total_mismatch", "tokens.nonpositive", "tokens.duplicate_request
         "lifecycle.unknown_cached", "lifecycle.scheduled_after_finish", "finished.and_scheduled",
         "finished.leaked", "computed.progress", "outputs.ids_mismatch"]
 
+# The columns the checks name. `encoder_inputs` is one, though on a trace without encoder
+# inputs the catalog never decodes it: row-group statistics (num_scheduled_tokens never null)
+# let DuckDB skip it, while this scan reads it (about 0.35 s of 3.3 at a million steps).
 SCAN = """
-SELECT COUNT(*), MAX(step), MAX(req_id), MAX(kind), MAX(pos), MAX(resumed),
+SELECT COUNT(*), MAX(step), MAX(req_id), MAX(kind), MAX(pos),
        MAX(num_scheduled_tokens), MAX(num_computed_tokens), MAX(num_output_tokens),
        MAX(CARDINALITY(new_block_ids)), MAX(CARDINALITY(spec_token_ids)),
        MAX(CARDINALITY(encoder_inputs)) FROM scheduled;
 SELECT COUNT(*), MAX(step), MAX(req_id), MAX(CARDINALITY(sampled_token_ids)) FROM model_outputs;
-SELECT COUNT(*), MAX(step), MAX(total_num_scheduled_tokens), MAX(num_running),
+SELECT COUNT(*), MAX(step), MAX(t_ns), MAX(total_num_scheduled_tokens), MAX(num_running),
        MAX(num_waiting), MAX(num_new), MAX(num_cached) FROM steps;
 SELECT COUNT(*), MAX(step), MAX(req_id), MAX(prompt_len) FROM requests;
 SELECT COUNT(*), MAX(step), MAX(req_id) FROM finished;
-SELECT COUNT(*), MAX(step), MAX(req_id), MAX(reason) FROM finish_events;
-SELECT COUNT(*), MAX(step) FROM updates
+SELECT COUNT(*), MAX(step), MAX(req_id), MAX(reason), MAX(t_ns) FROM finish_events;
+SELECT COUNT(*), MAX(step), MAX(t_ns) FROM updates
 """
 
 CHILD = """
