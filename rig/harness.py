@@ -3,8 +3,9 @@ fabricated ModelRunnerOutput → update_from_output(), deterministically.
 
 Fabricated parts, and only these: the sampled token ids (a function of request id and position,
 or for structured-output requests the lowest token the real grammar's bitmask allows), draft
-tokens fed back through the scheduler's own update_draft_token_ids(), how many drafts are
-accepted, and, only with encoder_lookalike=True, encoder inputs stamped on the real outputs.
+tokens fed back through the scheduler's own update_draft_token_ids() (with batch_queue > 1 the
+drafts stay in the worker, as under async scheduling), how many drafts are accepted, and, only
+with encoder_lookalike=True, encoder inputs stamped on the real outputs.
 Everything the scheduler does with them is vLLM's real code.
 """
 

@@ -30,6 +30,18 @@ import os
 import sys
 from pathlib import Path
 
+PATH = str(Path(__file__).resolve())
+
+
+def child_env(mp: bool, **extra) -> dict:
+    """This process's environment for a child engine: no recorder settings of ours but the
+    shared cache, multiprocess mode as asked, plus `extra`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_CONTRACT_")
+           or k == "VLLM_CONTRACT_CACHE"}
+    env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if mp else "0"
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
 
 def run(llm, results: Path, name: str, n: int, seed: int, greedy: bool = False) -> None:
     from vllm_contract.rig.engine import params

@@ -76,19 +76,17 @@ def test_overlapping_batches_have_no_errors_or_warnings(tiny_model, tmp_path):
     later step than e + 1, and the last finish may have no step after it at all. Nothing of
     that is an error; a delivery dropped or made late there still is, at the step that was
     due."""
-    import os
     import subprocess
     import sys
 
+    import live_child  # tests/: the child engine script and how to start it
+
     trace = tmp_path / "trace"
     (tmp_path / "res").mkdir()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_CONTRACT_")
-           or k == "VLLM_CONTRACT_CACHE"}
-    env.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CONTRACT_TRACE_DIR=str(trace))
-    child = Path(__file__).with_name("live_child.py")
-    r = subprocess.run([sys.executable, str(child), tiny_model, str(tmp_path / "res"), "demo",
-                        "x", "--user-async-scheduler", "--batch-queue"],
-                       env=env, capture_output=True, text=True, timeout=300)
+    r = subprocess.run([sys.executable, live_child.PATH, tiny_model, str(tmp_path / "res"),
+                        "demo", "x", "--user-async-scheduler", "--batch-queue"],
+                       env=live_child.child_env(False, VLLM_CONTRACT_TRACE_DIR=trace),
+                       capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     t = open_trace(trace)
     returned = {s["step"]: s["t_ns"] for s in t.read("steps").to_pylist()}

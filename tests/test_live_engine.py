@@ -27,16 +27,11 @@ from vllm_contract.replay.summary import summary
 from vllm_contract.replay.trace import open_trace
 from vllm_contract.rig import scenarios
 
-CHILD = str(Path(__file__).with_name("live_child.py"))
+import live_child  # tests/: the child engine script and how to start it
+
+CHILD = live_child.PATH
 CLI = [str(Path(sys.executable).with_name("vllm-contract"))]  # the installed console script
-
-
-def child_env(mp: bool, **extra) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_CONTRACT_")
-           or k == "VLLM_CONTRACT_CACHE"}
-    env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if mp else "0"
-    env.update({k: str(v) for k, v in extra.items()})
-    return env
+child_env = live_child.child_env
 
 
 @pytest.fixture
