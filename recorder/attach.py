@@ -18,6 +18,7 @@ import time
 from typing import Any
 
 from vllm_contract.recorder import snapshot, writer_proc
+from vllm_contract.recorder.clock import now_ns
 from vllm_contract.recorder.engine_info import dp_rank, engine_settings
 from vllm_contract.recorder.writer import TraceWriter
 
@@ -157,10 +158,10 @@ class Recorder:
                 step = self.step
                 self.step += 1
                 if self._raw:
-                    kept = self.writer.submit("schedule", step, time.time_ns(), t1 - t0, state, out)
+                    kept = self.writer.submit("schedule", step, now_ns(), t1 - t0, state, out)
                 else:
                     snap = snapshot.scheduler_output(out, self.fields)
-                    kept = self.writer.submit("schedule", step, time.time_ns(), t1 - t0, state,
+                    kept = self.writer.submit("schedule", step, now_ns(), t1 - t0, state,
                                               snap, cost=_cost(snap))
                 # A dropped step (writer behind) keeps no model output either: no orphan rows.
                 if kept:
@@ -179,7 +180,7 @@ class Recorder:
                 return
             # Written with the step's update (one queue item less per step), or at close.
             entry[2] = seq
-            entry.append(("executed", None, seq, time.time_ns(),
+            entry.append(("executed", None, seq, now_ns(),
                           scheduler_output.total_num_scheduled_tokens))
         except Exception as e:
             self._disable(e)
@@ -211,7 +212,7 @@ class Recorder:
                         else:  # a lagging worker's receipt of an earlier step
                             self.writer.submit("transport", step, rows)
                 # Empty lists become (): fewer containers held until the writer's next flush.
-                self.writer.submit("update", entry[0], time.time_ns(), t1 - t0, m,
+                self.writer.submit("update", entry[0], now_ns(), t1 - t0, m,
                                    finishes or (), transport or ())
             except Exception as e:
                 self._disable(e)
@@ -227,7 +228,7 @@ class Recorder:
             try:
                 finishes = [(r.request_id, r.status.name) for r in out]
                 # Between steps: attributed to the last step schedule() returned.
-                self.writer.submit("finish", self.step - 1, time.time_ns(), "finish_requests",
+                self.writer.submit("finish", self.step - 1, now_ns(), "finish_requests",
                                    finishes)
             except Exception as e:
                 self._disable(e)

@@ -22,6 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from vllm_contract.recorder.clock import now_ns
+
 log = logging.getLogger("vllm_contract.recorder")
 
 MAGIC = b"VCR1"
@@ -77,7 +79,7 @@ class Ring:
     # worker side: a few hundred nanoseconds per step
     def note(self, tokens: int) -> None:
         self.count = n = self.count + 1
-        _SLOT.pack_into(self.buf, _HEADER.size + (n % SLOTS) * _SLOT.size, n, time.time_ns(),
+        _SLOT.pack_into(self.buf, _HEADER.size + (n % SLOTS) * _SLOT.size, n, now_ns(),
                         tokens)
         _COUNT.pack_into(self.buf, 8, n)
 

@@ -54,6 +54,46 @@ def test_clean_scenarios_have_no_errors_or_warnings(name, batch_queue, tiny_mode
     assert serious(report) == [], [f.message for f in serious(report)]
 
 
+def test_wall_clock_set_back_keeps_the_order_of_calls(tiny_model, tmp_path, monkeypatch):
+    """The wall clock set back an hour in the middle of a run (NTP, a resumed VM) with batches
+    in flight and rejected drafts: the recorded times still order the engine's calls as they
+    happened, which finished.leaked and computed.progress read."""
+    import time
+
+    real = time.time_ns
+    hour = 3600 * 10**9
+    stepped = {"at": None, "n": 0}
+
+    def wall_clock() -> int:
+        return real() - (hour if stepped["at"] is not None else 0)
+
+    def on_schedule(so) -> None:
+        stepped["n"] += 1
+        if stepped["n"] == 6:
+            stepped["at"] = real()
+
+    monkeypatch.setattr(time, "time_ns", wall_clock)
+    h = scenarios.run("spec_decode", tiny_model, tmp_path, on_schedule=on_schedule,
+                      batch_queue=2)
+    assert h.overlapped > 0 and time.time_ns() < real() - hour // 2  # it was set back
+    monkeypatch.undo()
+
+    t = open_trace(tmp_path)
+    scheduled = {r["step"]: r["t_ns"] for r in t.read("steps").to_pylist()}
+    updated = {r["step"]: r["t_ns"] for r in t.read("updates").to_pylist()}
+    steps = sorted(scheduled)
+    assert len(steps) > 10
+    # schedule() calls in step order; each update after its own schedule() and before the
+    # schedule() two steps on (a queue of two batches); everything after the setback still
+    # counts as after what came before it
+    assert all(scheduled[a] < scheduled[b] for a, b in zip(steps, steps[1:]))
+    assert all(scheduled[s] < updated[s] for s in updated)
+    assert all(updated[s] < scheduled[s + 2] for s in updated if s + 2 in scheduled)
+    assert max(scheduled.values()) > stepped["at"]
+    report = findings(tmp_path)
+    assert serious(report) == [], [f.message for f in serious(report)]
+
+
 def test_clean_real_engine_run_has_no_errors_or_warnings(cpu_llm, tmp_path):
     from vllm_contract.recorder import attach
     from vllm_contract.rig.engine import demo_workload, scheduler_of
