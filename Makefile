@@ -39,7 +39,7 @@ samples: $(STAMP)
 docs: $(STAMP)
 	$(PY) -m vllm_contract.schema > docs/trace-tables.md
 	$(PY) -m vllm_contract.replay.catalog > docs/invariants.md
-	$(PY) -m vllm_contract.replay.gateway > docs/sql-views.md
+	$(PY) -m vllm_contract.replay.views > docs/sql-views.md
 
 clean:
 	rm -rf $(VENV) .cache demo-trace build dist *.egg-info

@@ -182,7 +182,8 @@ def sql(
 ) -> None:
     """Run SQL over a trace's views (steps, scheduled, requests, finished, lifeline, ...);
     without a query, an interactive prompt (statements end with ';', `.views` lists views)."""
-    from vllm_contract.replay.gateway import VIEW_DOCS, Gateway
+    from vllm_contract.replay.gateway import Gateway
+    from vllm_contract.replay.views import VIEW_DOCS
 
     try:
         gw = Gateway(trace)

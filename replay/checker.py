@@ -8,7 +8,8 @@ from typing import Callable
 from vllm_contract import schema
 from vllm_contract.errors import TraceError
 from vllm_contract.replay.catalog import SEVERITIES, Invariant
-from vllm_contract.replay.gateway import SHARED_VIEWS, Gateway
+from vllm_contract.replay.gateway import Gateway
+from vllm_contract.replay.views import SHARED_VIEWS
 
 RANK = {s: i for i, s in enumerate(reversed(SEVERITIES))}  # info 0, warning 1, error 2
 

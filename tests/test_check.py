@@ -673,7 +673,7 @@ def test_catalog_transpiles_to_spark():
     import sqlglot
     from sqlglot.errors import ErrorLevel
 
-    from vllm_contract.replay.gateway import DERIVED_SQL
+    from vllm_contract.replay.views import DERIVED_SQL
 
     sources = [(inv.path.name, inv.sql) for inv in catalog.load()]
     sources += [(f"derived view {i}", sql) for i, sql in enumerate(DERIVED_SQL)]

@@ -17,7 +17,7 @@ def test_trace_tables_doc_is_generated_from_the_schema():
 
 
 def test_sql_views_doc_is_generated():
-    from vllm_contract.replay.gateway import views_markdown
+    from vllm_contract.replay.views import views_markdown
 
     assert (ROOT / "docs" / "sql-views.md").read_text() == views_markdown(), (
         "docs/sql-views.md is stale: run `make docs`")
