@@ -34,7 +34,8 @@ TABLES: dict[str, tuple[str, pa.Schema]] = {
         "One row per schedule() call: the SchedulerOutput's scalar fields and the scheduler's state.",
         pa.schema([
             _STEP,
-            _col("t_ns", _I64, "When schedule() returned, in ns since the epoch (the recorder's clock: see docs/trace-format.md).", False),
+            _col("t_ns", _I64, "When schedule() returned, in ns since the epoch (the recorder's "
+                 "clock: see docs/trace-format.md).", False),
             _col("schedule_ns", _I64, "Duration of schedule() in ns.", False),
             _col("total_num_scheduled_tokens", _I64, "SchedulerOutput.total_num_scheduled_tokens."),
             _col("num_new", _I64, "len(scheduled_new_reqs)."),
@@ -183,8 +184,8 @@ TABLES: dict[str, tuple[str, pa.Schema]] = {
                  "'executed'."),
             _col("seq", _I64, "Hand-off number: execute_model() calls since the engine was armed "
                  "(1 = the first); a worker's n-th receipt is matched to the engine's n-th call."),
-            _col("t_ns", _I64, "When the event was seen (the recorder's clock, in the worker's process for "
-                 "'received')."),
+            _col("t_ns", _I64, "When the event was seen (the recorder's clock, in the worker's "
+                 "process for 'received')."),
             _col("num_scheduled_tokens", _I64, "total_num_scheduled_tokens of the output as that "
                  "end saw it (a check that engine and worker talk about the same step)."),
         ]),

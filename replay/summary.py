@@ -11,7 +11,7 @@ from vllm_contract.replay.trace import Trace
 # For each update_from_output(): how many schedule() calls from its own step on had returned
 # before it did. 1 means one batch at a time; 2 or more, batches overlapped (async scheduling,
 # pipeline parallelism: step_with_batch_queue), so what an update tells the scheduler (finished
-# ids, rejected drafts) reaches the worker a step or more later. Events ordered by wall clock.
+# ids, rejected drafts) reaches the worker a step or more later. Events ordered by t_ns.
 _IN_FLIGHT = """
 WITH s AS (
     SELECT step, t_ns, ROW_NUMBER() OVER (ORDER BY step) - 1 AS i FROM steps_

@@ -37,7 +37,8 @@ offsets AS (
 ),
 applied AS (
     -- the first later row scheduled after the update by the clock; where all sixteen are
-    -- there and none was (a clock set back), the next one
+    -- there and none was (a wall clock set back, in a trace recorded before t_ns came from a
+    -- monotonic clock), the next one
     SELECT o.inst, o.step, o.rejected,
            COALESCE(MIN(CASE WHEN n.scheduled_t > u.t_ns THEN n.step END),
                     CASE WHEN COUNT(*) = 16 THEN MIN(n.step) END) AS applied_step

@@ -71,7 +71,8 @@ candidates AS (
 ),
 overlapped AS (
     -- the first of them scheduled after the finish by the clock; where all sixteen are there
-    -- and none was (a clock set back), the next one
+    -- and none was (a wall clock set back, in a trace recorded before t_ns came from a
+    -- monotonic clock), the next one
     SELECT c.engine, c.req_id, c.event_step,
            COALESCE(MIN(CASE WHEN s.t_ns > c.event_t THEN s.step END),
                     CASE WHEN COUNT(*) = 16 THEN MIN(s.step) END) AS due_step
