@@ -109,6 +109,46 @@ def test_clean_real_engine_run_has_no_errors_or_warnings(cpu_llm, tmp_path):
 
 
 
+def test_engines_in_one_root_are_checked_apart(tiny_model, tmp_path):
+    """Two engines that ran the same requests (so the same ids) under one root, one of them
+    broken in one step, one compacted and one still live: each engine's findings and derived
+    views are what they are for that engine alone (the views group one engine at a time)."""
+    import shutil
+
+    def bump(so, step):
+        if step == 3:
+            so.total_num_scheduled_tokens += 1
+            return step, None
+
+    scenarios.run("preemption", tiny_model, tmp_path / "a")
+    patched(tiny_model, tmp_path / "b", "preemption", bump)
+    compact(open_trace(tmp_path / "b"))
+    root = tmp_path / "root"
+    alone = {}
+    for name in ("a", "b"):
+        (e,) = open_trace(tmp_path / name).engines
+        alone[name] = shutil.copytree(e.dir, root / f"engine={name}-dp0")
+    assert {p.suffix for p in (alone["a"] / "scheduled").iterdir()} == {schema.SEGMENT_SUFFIX}
+    assert {p.suffix for p in (alone["b"] / "scheduled").iterdir()} == {schema.PARQUET_SUFFIX}
+
+    report = findings(root)
+    assert [(f.engine, f.step) for f in serious(report)] == [("engine=b-dp0", 3)]
+    assert hits(report, "tokens.total_mismatch") == [(3, None)]
+    # each view's rows of one engine, without the keys numbered across the whole trace
+    views = {v: f"SELECT * EXCLUDE ({drop}) FROM {v} WHERE engine = '{{e}}'" for v, drop in (
+        ("step_totals", "engine"), ("grants", "engine"), ("run_groups", "engine, inst"),
+        ("instances", "engine, inst"))}
+    views["runs"] = ("SELECT k.req_id, r.* EXCLUDE (inst) FROM runs r "
+                     "JOIN run_ids k ON k.inst = r.inst WHERE k.engine = '{e}'")
+    with Gateway(root) as gw:
+        for view, query in views.items():
+            for name, one in alone.items():
+                got = gw.sql(query.format(e=f"engine={name}-dp0") + " ORDER BY ALL").to_pylist()
+                with Gateway(one) as g1:
+                    want = g1.sql(query.format(e=one.name) + " ORDER BY ALL").to_pylist()
+                assert got == want and want, f"{view} of engine {name} differs"
+
+
 def test_overlapping_batches_have_no_errors_or_warnings(tiny_model, tmp_path):
     """A real engine on the batch-queue step path (async scheduling, pipeline parallelism) with
     an AsyncScheduler subclass, over the demo's workload (chunked prefill, preemption, aborts):
@@ -673,10 +713,11 @@ def test_catalog_transpiles_to_spark():
     import sqlglot
     from sqlglot.errors import ErrorLevel
 
-    from vllm_contract.replay.views import DERIVED_SQL
+    from vllm_contract.replay.views import derived_sql
 
     sources = [(inv.path.name, inv.sql) for inv in catalog.load()]
-    sources += [(f"derived view {i}", sql) for i, sql in enumerate(DERIVED_SQL)]
+    sources += [(f"derived view {i}", sql)
+                for i, sql in enumerate(derived_sql(["engine=a-dp0", "engine=o'b-dp1"]))]
     for name, sql in sources:
         try:
             out = sqlglot.transpile(sql, read="duckdb", write="spark",
