@@ -502,6 +502,30 @@ def test_block_table_too_short(tiny_model, tmp_path):
     assert grown[0] in hits(findings(tmp_path), "blocks.table_short")
 
 
+def test_block_granted_a_step_late(tiny_model, tmp_path):
+    """A plain id (no window needed) whose block comes one step after its tokens crossed into
+    it: its table is short for one step though its blocks add up in the end."""
+    scenarios.run("chunked_prefill", tiny_model, tmp_path)
+    with Gateway(tmp_path) as gw:
+        plain = {r["req_id"] for r in gw.sql(
+            "SELECT req_id FROM run_groups WHERE plain AND first_kind = 'new'").to_pylist()}
+    rows = open_trace(tmp_path).read("scheduled").to_pylist()
+    at = {(r["step"], r["req_id"]): r for r in rows if r["kind"]}
+    late = next((s, rid) for (s, rid), r in sorted(at.items())
+                if rid in plain and r["kind"] == "cached" and r["new_block_ids"]
+                and (s + 1, rid) in at and not at[s + 1, rid]["new_block_ids"])
+    moved = at[late]["new_block_ids"]
+    edit(tmp_path, "scheduled", lambda rs: [
+        dict(r, new_block_ids=None) if (r["step"], r["req_id"]) == late
+        else dict(r, new_block_ids=moved) if (r["step"], r["req_id"]) == (late[0] + 1, late[1])
+        else r for r in rs])
+    report = findings(tmp_path)
+    assert hits(report, "blocks.table_short") == [late]
+    with Gateway(tmp_path) as gw:  # still plain: found without the general walk
+        assert gw.sql(f"SELECT plain FROM run_groups WHERE req_id = '{late[1]}'").to_pylist() == [
+            {"plain": True}]
+
+
 def test_model_output_ids_mismatch(tiny_model, tmp_path):
     scenarios.run("aborts", tiny_model, tmp_path)
     outputs = open_trace(tmp_path).read("model_outputs").to_pylist()
