@@ -22,7 +22,7 @@ from vllm_contract import schema
 from vllm_contract.errors import TraceError
 from vllm_contract.replay.trace import Trace, open_trace, read_segment
 from vllm_contract.replay.views import (DROPPED_SCHEMA, ENGINES_SCHEMA, SHARED_VIEWS, VIEW_DOCS,
-                                        derived_sql)
+                                        derived_sql, quote)
 
 
 class Gateway:
@@ -63,7 +63,8 @@ class Gateway:
     def _create_views(self) -> None:
         # Every GROUP BY, window and join of the catalog is keyed by engine: as a VARCHAR that
         # compared strings on every row, as an ENUM it costs what an integer does.
-        names = ", ".join(f"'{_q(n)}'" for n in dict.fromkeys(e.name for e in self.trace.engines))
+        names = ", ".join(f"'{quote(n)}'"
+                          for n in dict.fromkeys(e.name for e in self.trace.engines))
         self.con.execute(f"CREATE TYPE engine_name AS ENUM ({names})")
         for table in schema.TABLE_NAMES:
             sch = schema.schema(table)
@@ -72,7 +73,7 @@ class Gateway:
             for i, e in enumerate(self.trace.engines):
                 # Each engine's rows are a branch of their own with the engine a constant: a
                 # filter on one engine then reads that engine's files alone (views.per_engine).
-                engine = f"CAST('{_q(e.name)}' AS engine_name) AS engine"
+                engine = f"CAST('{quote(e.name)}' AS engine_name) AS engine"
                 segs = e.segments(table)
                 if segs:
                     self.present.add(table)
@@ -194,10 +195,6 @@ def default_memory_limit() -> str:
     except (ValueError, OSError, AttributeError):
         return "6GB"
     return f"{max(256, min(6 * 1024, int(total * 0.4) >> 20))}MB"
-
-
-def _q(s: str) -> str:
-    return s.replace("'", "''")
 
 
 def _one_line(e: Exception) -> str:

@@ -240,7 +240,6 @@ JOIN scheduled s ON {ORPHAN_KEY.format(engine="s.engine", req_id="s.req_id")} = 
 """
 
 
-
 def quote(s: str) -> str:
     """A string's body as an SQL literal's (quotes doubled)."""
     return s.replace("'", "''")
