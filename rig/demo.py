@@ -13,6 +13,9 @@ DEMO_ENGINE = dict(kv_blocks=8, max_num_batched_tokens=128, max_num_seqs=8)
 
 def record_demo(out: Path, model: Path | None = None) -> dict:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    # vLLM's start-up log (60 lines, among them a warning with a traceback about the tokenizer
+    # the demo does without) buries the demo's own lines; read when vllm is first imported
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     from vllm_contract.recorder import attach
     from vllm_contract.rig import tiny_model
     from vllm_contract.rig.engine import demo_workload, make_llm, scheduler_of
@@ -32,7 +35,9 @@ def main(out: Path, model: Path | None = None) -> None:
 
     if out.exists():
         shutil.rmtree(out)
-    print(f"recording a real vLLM engine (tiny local Llama, CPU) into {out}/ ...", file=sys.stderr)
+    print(f"recording a real vLLM engine (tiny local Llama, CPU) into {out}/ ..."
+          + ("" if "VLLM_LOGGING_LEVEL" in os.environ
+             else " (vLLM's log: set VLLM_LOGGING_LEVEL=INFO to see it)"), file=sys.stderr)
     t0 = time.time()
     tokens = record_demo(out, model)
     s = summary(open_trace(out))["engines"][0]
