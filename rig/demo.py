@@ -23,10 +23,17 @@ def record_demo(out: Path, model: Path | None = None) -> dict:
     model_dir = model or tiny_model.build()
     llm = make_llm(str(model_dir), **DEMO_ENGINE)
     with attach(scheduler_of(llm), out):
-        tokens = demo_workload(llm, on_step=lambda n: print(f"\rstep {n}", end="", file=sys.stderr)
-                               if n % 10 == 0 else None)
-    print(file=sys.stderr)
+        tokens = demo_workload(llm, on_step=_progress())
+    if sys.stderr.isatty():  # ends the progress line
+        print(file=sys.stderr)
     return tokens
+
+
+def _progress():
+    """The step count on one line of a terminal; into a log or a pipe, a line per 100 steps."""
+    if sys.stderr.isatty():
+        return lambda n: print(f"\rstep {n}", end="", file=sys.stderr) if n % 10 == 0 else None
+    return lambda n: print(f"step {n}", file=sys.stderr) if n % 100 == 0 else None
 
 
 def main(out: Path, model: Path | None = None) -> None:
