@@ -6,6 +6,7 @@ import os
 import shutil
 import sys
 import time
+import warnings
 from pathlib import Path
 
 DEMO_ENGINE = dict(kv_blocks=8, max_num_batched_tokens=128, max_num_seqs=8)
@@ -16,6 +17,8 @@ def record_demo(out: Path, model: Path | None = None) -> dict:
     # vLLM's start-up log (60 lines, among them a warning with a traceback about the tokenizer
     # the demo does without) buries the demo's own lines; read when vllm is first imported
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    if os.environ["VLLM_LOGGING_LEVEL"] == "ERROR":  # torch deprecations vLLM trips on import
+        warnings.filterwarnings("ignore", category=FutureWarning, module=r"vllm\.")
     from vllm_contract.recorder import attach
     from vllm_contract.rig import tiny_model
     from vllm_contract.rig.engine import demo_workload, make_llm, scheduler_of
