@@ -31,11 +31,10 @@ SAME = ["tokens.total_mismatch", "tokens.nonpositive", "tokens.duplicate_request
         "finished.leaked", "computed.progress", "outputs.ids_mismatch"]
 
 # The columns the checks read, per table (tests/test_bench_scan.py holds this to what DuckDB's
-# plans of the catalog read). Two list columns among them, `spec_token_ids` and
-# `encoder_inputs`, the catalog reads only where row-group statistics let DuckDB skip them on a
-# trace without drafts or encoder inputs, so it never decodes them there, while this scan does:
-# about 0.6 s each alone at a million steps; against a scan without them the ratio is higher
-# (3.96x against 3.20x on 2026-12-01, bench/RESULTS.md).
+# plans of the catalog read). Of the list columns, `encoder_inputs` the catalog reads only
+# where row-group statistics let DuckDB skip it on a trace without encoder inputs, so it never
+# decodes it there, while this scan does (about 0.65 s at a million steps); `spec_token_ids`
+# the `drafts` view does read, all of it (0.5 s against the scan's 0.65 s).
 SCAN_COLUMNS = {
     "scheduled": ("step", "req_id", "kind", "pos", "num_scheduled_tokens", "num_computed_tokens",
                   "num_output_tokens", "new_block_ids", "spec_token_ids", "encoder_inputs"),

@@ -93,12 +93,10 @@ class Gateway:
                 # the files' statistics (DuckDB then grouped a million steps by a general hash
                 # table: 1.4 s against 1.05 s without it).
                 if live:
-                    self._arrow[name := f"_live_{table}_{i}"] = pa.concat_tables(live)
-                    self.con.register(name, self._arrow[name])
+                    name = self._hold(f"_live_{table}_{i}", pa.concat_tables(live))
                     selects.append(f"SELECT {engine}, {cols} FROM {name}")
             if not selects:  # no engine has this table: an empty view of the right columns
-                self._arrow[name := f"_live_{table}"] = sch.empty_table()
-                self.con.register(name, self._arrow[name])
+                name = self._hold(f"_live_{table}", sch.empty_table())
                 selects.append(f"SELECT CAST(NULL AS engine_name) AS engine, {cols} FROM {name}")
             self.con.execute(f"CREATE VIEW {table} AS " + " UNION ALL ".join(selects))
         self._register("_engines", ENGINES_SCHEMA, [self._engine_row(e) for e in self.trace.engines])
@@ -112,8 +110,13 @@ class Gateway:
             self.con.execute(view_sql)
 
     def _register(self, name: str, sch: pa.Schema, rows: list[dict]) -> None:
-        self._arrow[name] = pa.Table.from_pylist(rows, schema=sch)
-        self.con.register(name, self._arrow[name])
+        self._hold(name, pa.Table.from_pylist(rows, schema=sch))
+
+    def _hold(self, name: str, table: pa.Table) -> str:
+        """Register an Arrow table under `name`, kept alive as long as the connection."""
+        self._arrow[name] = table
+        self.con.register(name, table)
+        return name
 
     @staticmethod
     def _engine_row(e) -> dict:

@@ -46,9 +46,7 @@ class EngineTrace:
 
     def read(self, table: str, columns: list[str] | None = None) -> pa.Table:
         """A table's rows; only `columns` of them if given (Parquet then reads no others)."""
-        found: list[str] = []
-        parts = [read_segment(p, found, columns) for p in self.segments(table)]
-        self.warnings.extend(w for w in found if w not in self.warnings)  # reads repeat
+        parts = [self._segment(p, columns) for p in self.segments(table)]
         want = schema.schema(table)
         if columns is not None:
             want = pa.schema([want.field(c) for c in columns])
@@ -68,11 +66,15 @@ class EngineTrace:
                 except Exception as e:
                     raise TraceError(f"{path}: unreadable Parquet segment ({e})") from None
             else:
-                found: list[str] = []
-                part = read_segment(path, found)
-                self.warnings.extend(w for w in found if w not in self.warnings)
+                part = self._segment(path)
                 n += part.num_rows if part is not None else 0
         return n
+
+    def _segment(self, path: Path, columns: list[str] | None = None) -> pa.Table | None:
+        found: list[str] = []
+        part = read_segment(path, found, columns)
+        self.warnings.extend(w for w in found if w not in self.warnings)  # reads repeat
+        return part
 
 
 def read_segment(path: Path, warnings: list[str],
