@@ -38,8 +38,8 @@ samples: $(STAMP)
 
 docs: $(STAMP)
 	$(PY) -m vllm_contract.schema > docs/trace-tables.md
-	$(PY) -m vllm_contract.replay.catalog > docs/invariants.md
-	$(PY) -m vllm_contract.replay.views > docs/sql-views.md
+	$(PY) -m vllm_contract.replay.query.catalog > docs/invariants.md
+	$(PY) -m vllm_contract.replay.query.views > docs/sql-views.md
 
 clean:
 	rm -rf $(VENV) .cache demo-trace build dist *.egg-info

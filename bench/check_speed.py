@@ -69,8 +69,8 @@ def scan_sql() -> str:
 
 CHILD = """
 import json, resource, sys, time
-from vllm_contract.replay import catalog, checker
-from vllm_contract.replay.gateway import Gateway
+from vllm_contract.replay.query import catalog, checker
+from vllm_contract.replay.query.gateway import Gateway
 mode, path = sys.argv[1], sys.argv[2]
 t0 = time.perf_counter()
 with Gateway(path) as gw:
@@ -110,7 +110,7 @@ def loop_child(path: Path) -> dict:
 
 def python_loop(path: Path) -> tuple[float, int]:
     """The straightforward way: read every row into Python and walk the steps."""
-    from vllm_contract.replay.trace import open_trace
+    from vllm_contract.trace import open_trace
 
     t0 = time.perf_counter()
     t = open_trace(path)

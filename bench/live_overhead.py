@@ -43,7 +43,7 @@ for _name in ("VLLM_CONTRACT_TRACE_DIR", "VLLM_CONTRACT_ARM"):  # no plugin, unl
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from vllm_contract.recorder import plugin, settings  # noqa: E402
-from vllm_contract.replay.trace import open_trace  # noqa: E402
+from vllm_contract.trace import open_trace  # noqa: E402
 from vllm_contract.rig import tiny_model  # noqa: E402
 from vllm_contract.rig.scenarios import prompt  # noqa: E402
 

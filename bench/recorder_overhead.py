@@ -29,7 +29,7 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 from vllm_contract import schema  # noqa: E402
 from vllm_contract.recorder import attach  # noqa: E402
 from vllm_contract.recorder.compact import compact  # noqa: E402
-from vllm_contract.replay.trace import open_trace  # noqa: E402
+from vllm_contract.trace import open_trace  # noqa: E402
 from vllm_contract.rig import tiny_model  # noqa: E402
 from vllm_contract.rig.harness import Harness, HarnessConfig  # noqa: E402
 from vllm_contract.rig.scenarios import prompt  # noqa: E402

@@ -46,14 +46,14 @@ def worker_state(scheduler: Any) -> dict:
             "finished_ids": len(getattr(scheduler, "finished_req_ids", ()) or ())}
 
 
-def _cost(snap: dict) -> int:
+def _cost(snap) -> int:
     """Rough bytes a queued schedule snapshot (and its update) keeps alive: for the pending
     budget, so it must be cheap, not exact."""
     prompts = 0
-    for item in snap["new"]:
+    for item in snap.new:
         p = item["req"].prompt_token_ids
         prompts += len(p) if p is not None else 0
-    return 1024 + 160 * len(snap["num_scheduled_tokens"]) + 40 * prompts
+    return 1024 + 160 * len(snap.num_scheduled_tokens) + 40 * prompts
 
 
 class Recorder:

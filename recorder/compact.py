@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 
 from vllm_contract import schema
 from vllm_contract.recorder.segments import write_json_atomic
-from vllm_contract.replay.trace import EngineTrace, Trace, read_segment
+from vllm_contract.trace import EngineTrace, Trace, read_segment
 
 
 def _writer_alive(manifest: dict) -> bool:

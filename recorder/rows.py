@@ -12,6 +12,7 @@ import pyarrow as pa
 from vllm_contract import schema
 from vllm_contract.plain import dumps
 from vllm_contract.recorder.columns import Column, FlatListColumn, IntColumn, RowTable
+from vllm_contract.recorder.snapshot import Scheduled
 
 
 # Token lists that carry the prompt: left out (NULL) when prompts are redacted.
@@ -103,58 +104,70 @@ class Columns:
                       value_json=json.dumps(plain, sort_keys=True, separators=(",", ":")),
                       pickled=blob)
 
-    def add_schedule(self, step: int, t_ns: int, dur_ns: int, state: tuple, s: dict) -> None:
+    def add_schedule(self, step: int, t_ns: int, dur_ns: int, state: tuple, s: Scheduled) -> None:
         self.steps += 1
         running, waiting, usage = state
-        new, req_ids = s["new"], s["req_ids"]
-        nst, spec, enc, inv = s["num_scheduled_tokens"], s["spec"], s["encoder"], s["invalid"]
-        flags = s["flags"]
         self._steps.append((
-            step, t_ns, dur_ns, s["total"], len(new), len(req_ids), len(s["finished"]), running,
-            waiting, usage, s["preempted"] is None, inv is None, len(s["new_token_ids"]),
-            s["prefix_blocks"], s["zero_blocks"], flags[0], flags[1], flags[2], flags[3]))
-
-        at = s["all_token_ids"]
+            step, t_ns, dur_ns, s.total, len(s.new), len(s.req_ids), len(s.finished), running,
+            waiting, usage, s.preempted is None, s.invalid is None, len(s.new_token_ids),
+            s.prefix_blocks, s.zero_blocks, s.structured, s.pending_structured, s.sync_kv_loads,
+            s.spec_to_schedule))
+        at = s.all_token_ids
         if at and self.redact:
             at = {rid: self._tokens(step, rid, "all_token_ids", v) for rid, v in at.items()}
-        c = self.cols["scheduled"]
-        named = set()
+        new_ids = self._new_requests(step, s, at)
+        in_order = self._cached_requests(step, s, at)
+        self._named_only(step, s, at, new_ids, in_order)
+        for rid in s.finished:
+            self._add("finished", step=step, req_id=rid)
+        for rid in s.preempted or ():
+            self._add("preempted", step=step, req_id=rid)
+        for pos, h in enumerate(s.freed_mm):
+            self._add("freed_mm", step=step, pos=pos, mm_hash=h)
+        self._extra(step, "SchedulerOutput", None, s.extra)
+        self._extra(step, "CachedRequestData", None, s.cached_extra)
+
+    def _new_requests(self, step: int, s: Scheduled, at: dict) -> list[str]:
+        nst, spec, enc, inv = s.num_scheduled_tokens, s.spec, s.encoder, s.invalid or {}
         new_ids = []
-        for pos, item in enumerate(new):
+        for pos, item in enumerate(s.new):
             r = item["req"]
-            named.add(r.req_id)
             new_ids.append(r.req_id)
             self._add("scheduled", step=step, req_id=r.req_id, kind="new", pos=pos,
                       resumed=False, num_scheduled_tokens=nst.get(r.req_id),
                       num_computed_tokens=r.num_computed_tokens, new_block_ids=item["block_ids"],
-                      spec_token_ids=spec.get(r.req_id), num_invalid_spec_tokens=(inv or {}).get(r.req_id),
-                      encoder_inputs=enc.get(r.req_id),
-                      all_token_ids=at.get(r.req_id))
+                      spec_token_ids=spec.get(r.req_id),
+                      num_invalid_spec_tokens=inv.get(r.req_id),
+                      encoder_inputs=enc.get(r.req_id), all_token_ids=at.get(r.req_id))
             self._request(step, pos, r, item)
+        return new_ids
 
-        # Cached requests arrive column-wise already: whole columns, and runs for the columns
-        # that are constant in a decode step (see columns.py).
+    def _cached_requests(self, step: int, s: Scheduled, at: dict) -> bool:
+        """CachedRequestData's rows. They arrive column-wise already: whole columns, and runs for
+        the columns that are constant in a decode step (see columns.py). True when
+        num_scheduled_tokens lists the cached ids first, in order (what vLLM does)."""
+        c = self.cols["scheduled"]
+        req_ids, resumed = s.req_ids, s.resumed
         n = len(req_ids)
-        resumed = s["resumed"]
         c["step"].repeat(step, n)
         c["req_id"].extend(req_ids)
         if resumed:
-            flags_r = [rid in resumed for rid in req_ids]
-            c["kind"].extend(["resumed" if f else "cached" for f in flags_r])
-            c["resumed"].extend(flags_r)
+            is_resumed = [rid in resumed for rid in req_ids]
+            c["kind"].extend(["resumed" if f else "cached" for f in is_resumed])
+            c["resumed"].extend(is_resumed)
         else:
             c["kind"].repeat("cached", n)
             c["resumed"].repeat(False, n)
         c["pos"].extend_range(n)
         # vLLM fills num_scheduled_tokens with the cached requests first, in req_ids order, then
         # the new ones: the column is then one slice of its values, and no id goes unnamed.
-        keys = list(nst)
-        in_order = keys[:n] == list(req_ids)
+        nst = s.num_scheduled_tokens
+        in_order = list(nst)[:n] == list(req_ids)
         c["num_scheduled_tokens"].extend(
             list(nst.values())[:n] if in_order else list(map(nst.get, req_ids)))
-        c["num_computed_tokens"].extend(s["num_computed_tokens"])
-        c["num_output_tokens"].extend(s["num_output_tokens"])
-        count, where, blocks = s["new_block_ids"]  # sparse, see snapshot.py
+        c["num_computed_tokens"].extend(s.num_computed_tokens)
+        c["num_output_tokens"].extend(s.num_output_tokens)
+        count, where, blocks = s.new_block_ids  # sparse, see snapshot.py
         col = c["new_block_ids"]
         if any(blocks):
             prev = 0
@@ -165,41 +178,37 @@ class Columns:
             col.repeat(None, count - prev)
         else:  # as NULLs, like a step without new blocks (also when every entry is empty)
             col.repeat(None, n)
-        ntok = s["new_token_ids"]
+        ntok = s.new_token_ids
         if ntok:
             c["new_token_ids"].extend(ntok[:n] + [None] * (n - len(ntok[:n])))
         else:
             c["new_token_ids"].repeat(None, n)
-        for name, d in (("all_token_ids", at), ("spec_token_ids", spec),
-                        ("num_invalid_spec_tokens", inv), ("encoder_inputs", enc)):
+        for name, d in (("all_token_ids", at), ("spec_token_ids", s.spec),
+                        ("num_invalid_spec_tokens", s.invalid), ("encoder_inputs", s.encoder)):
             if d:
                 c[name].extend(list(map(d.get, req_ids)))
             else:
                 c[name].repeat(None, n)
+        if len(ntok) > n:  # only a broken scheduler sends more token lists than requests
+            self._extra(step, "CachedRequestData", None,
+                        [("new_token_ids", "builtins.list", 0, ntok, None)])
+        return in_order
 
-        # Ids named only by a per-request dict or set: exactly what a broken scheduler produces.
-        if in_order and keys[n:] == new_ids and not (spec or enc or inv or at or resumed):
-            others = ()  # nst's keys are exactly the ids named (dict keys are unique)
-        else:
-            named.update(req_ids)
-            others = set(nst).union(spec, enc, inv or (), at, resumed) - named
-        for rid in sorted(others):
+    def _named_only(self, step: int, s: Scheduled, at: dict, new_ids: list[str],
+                    in_order: bool) -> None:
+        """Ids named only by a per-request dict or set: exactly what a broken scheduler
+        produces."""
+        nst, spec, enc, inv, resumed = (s.num_scheduled_tokens, s.spec, s.encoder, s.invalid,
+                                        s.resumed)
+        n = len(s.req_ids)
+        if in_order and list(nst)[n:] == new_ids and not (spec or enc or inv or at or resumed):
+            return  # nst's keys are exactly the ids named (dict keys are unique)
+        named = set(new_ids).union(s.req_ids)
+        for rid in sorted(set(nst).union(spec, enc, inv or (), at, resumed) - named):
             self._add("scheduled", step=step, req_id=rid, kind=None, pos=None,
                       resumed=rid in resumed, num_scheduled_tokens=nst.get(rid),
                       spec_token_ids=spec.get(rid), encoder_inputs=enc.get(rid),
                       num_invalid_spec_tokens=(inv or {}).get(rid), all_token_ids=at.get(rid))
-        if len(ntok) > n:  # only a broken scheduler sends more token lists than requests
-            self._extra(step, "CachedRequestData", None,
-                        [("new_token_ids", "builtins.list", 0, ntok, None)])
-
-        for rid in s["finished"]:
-            self._add("finished", step=step, req_id=rid)
-        for rid in s["preempted"] or ():
-            self._add("preempted", step=step, req_id=rid)
-        for pos, h in enumerate(s["freed_mm"]):
-            self._add("freed_mm", step=step, pos=pos, mm_hash=h)
-        self._extra(step, "SchedulerOutput", None, s["extra"])
-        self._extra(step, "CachedRequestData", None, s["cached_extra"])
 
     def _tokens(self, step: int, req_id: str, field: str, ids):
         """ids, or with redaction None and a `redacted` row (length and hash)."""

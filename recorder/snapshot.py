@@ -15,42 +15,11 @@ import struct
 from array import array
 from itertools import chain, compress, repeat
 from operator import is_not
-from typing import Any
+from typing import Any, NamedTuple
 
+from vllm_contract.fields import OPAQUE, WITH_COLUMN
 from vllm_contract.plain import opaque, to_plain, type_name
 from vllm_contract.recorder.columns import pack_ints
-
-# Fields with a column of their own. Anything else a dataclass has is "drift" and goes, in plain
-# form, to the extra_fields table: new vLLM versions add fields and nothing may be dropped.
-SCHEDULER_OUTPUT_KNOWN = frozenset({
-    "scheduled_new_reqs", "scheduled_cached_reqs", "num_scheduled_tokens",
-    "total_num_scheduled_tokens", "scheduled_spec_decode_tokens", "scheduled_encoder_inputs",
-    "finished_req_ids", "free_encoder_mm_hashes", "preempted_req_ids",
-    "has_structured_output_requests", "pending_structured_output_tokens",
-    "num_invalid_spec_tokens", "has_sync_kv_loads", "num_spec_tokens_to_schedule",
-    "num_common_prefix_blocks", "new_block_ids_to_zero",
-})
-NEW_REQUEST_KNOWN = frozenset({
-    "req_id", "prompt_token_ids", "mm_features", "sampling_params", "pooling_params",
-    "block_ids", "num_computed_tokens", "lora_request", "prompt_embeds", "prompt_is_token_ids",
-    "prefill_token_ids", "replay_start",
-})
-CACHED_KNOWN = frozenset({
-    "req_ids", "resumed_req_ids", "new_token_ids", "all_token_ids", "new_block_ids",
-    "num_computed_tokens", "num_output_tokens",
-})
-MODEL_OUTPUT_KNOWN = frozenset({"req_ids", "req_id_to_index", "sampled_token_ids",
-                                "num_nans_in_logits"})
-# Fields known to hold opaque objects (connector metadata, tensors, stats): they have no column and
-# go to extra_fields like drift does, but they are not drift.
-KNOWN_OPAQUE = frozenset({
-    "scheduled_encoder_input_stats", "kv_connector_metadata", "aux_output_connector_metadata",
-    "ec_connector_metadata", "ec_manager_metadata", "kv_cache_block_copies",
-    "kv_connector_block_state", "logprobs", "prompt_logprobs_dict",
-    "prompt_token_id_logprobs_dict", "pooler_output", "kv_connector_output",
-    "ec_connector_output", "cudagraph_stats", "aux_output_connector_output", "sampling_masks",
-})
-
 
 def field_names(obj_or_cls: Any) -> list[str]:
     return [f.name for f in dataclasses.fields(obj_or_cls)]
@@ -69,11 +38,9 @@ class Fields:
             "CachedRequestData": field_names(CachedRequestData),
             "ModelRunnerOutput": field_names(ModelRunnerOutput),
         }
-        known = {"SchedulerOutput": SCHEDULER_OUTPUT_KNOWN, "NewRequestData": NEW_REQUEST_KNOWN,
-                 "CachedRequestData": CACHED_KNOWN, "ModelRunnerOutput": MODEL_OUTPUT_KNOWN}
-        self.extra = {k: [f for f in v if f not in known[k]] for k, v in self.all.items()}
-        self.drift = {k: [f for f in v if f not in KNOWN_OPAQUE] for k, v in self.extra.items()}
-        self.missing = {k: sorted(known[k] - set(v)) for k, v in self.all.items()}
+        self.extra = {k: [f for f in v if f not in WITH_COLUMN[k]] for k, v in self.all.items()}
+        self.drift = {k: [f for f in v if f not in OPAQUE] for k, v in self.extra.items()}
+        self.missing = {k: sorted(set(WITH_COLUMN[k]) - set(v)) for k, v in self.all.items()}
         self.pickle_opaque = pickle_opaque
 
     def to_dict(self) -> dict:
@@ -128,7 +95,35 @@ _NO_IDS = frozenset()
 _NO_ITEMS: dict = {}  # never mutated: the writer only reads snapshots
 
 
-def scheduler_output(so: Any, fields: Fields) -> dict:
+class Scheduled(NamedTuple):
+    """One SchedulerOutput as the writer needs it (see rows.Columns.add_schedule)."""
+    new: Any  # per NewRequestData: {"req", "block_ids" (copied), "extra"}
+    req_ids: tuple  # CachedRequestData's columns from here to num_output_tokens
+    resumed: Any
+    new_token_ids: list
+    all_token_ids: dict
+    new_block_ids: tuple  # sparse: (length, rows that are not None, their entries)
+    num_computed_tokens: Any
+    num_output_tokens: Any
+    num_scheduled_tokens: dict
+    total: int
+    spec: dict
+    encoder: dict
+    invalid: dict | None
+    finished: tuple
+    preempted: tuple | None
+    freed_mm: tuple
+    prefix_blocks: tuple
+    zero_blocks: tuple | None
+    structured: bool | None  # scalars newer than the core: None where vLLM lacks them
+    pending_structured: Any
+    sync_kv_loads: bool | None
+    spec_to_schedule: int | None
+    extra: Any  # _extras() of the SchedulerOutput and of its CachedRequestData
+    cached_extra: Any
+
+
+def scheduler_output(so: Any, fields: Fields) -> Scheduled:
     new = [
         {
             "req": r,  # sampling params & co are immutable once the request exists
@@ -158,34 +153,34 @@ def scheduler_output(so: Any, fields: Fields) -> dict:
     invalid = getattr(so, "num_invalid_spec_tokens", None)
     preempted = getattr(so, "preempted_req_ids", None)
     zero = getattr(so, "new_block_ids_to_zero", None)
-    return {
-        "new": new,
+    return Scheduled(
+        new=new,
         # Tuples of strs: the GC stops walking them after one collection; a held list of 256
         # ids is walked by every collection until the writer lets it go.
-        "req_ids": tuple(cr.req_ids),
-        "resumed": resumed,
-        "new_token_ids": cr.new_token_ids,
-        "all_token_ids": getattr(cr, "all_token_ids", None) or _NO_ITEMS,
-        "new_block_ids": new_block_ids,
-        "num_computed_tokens": _ints(cr.num_computed_tokens),
-        "num_output_tokens": _ints(cr.num_output_tokens),
-        "num_scheduled_tokens": dict(so.num_scheduled_tokens),
-        "total": so.total_num_scheduled_tokens,
-        "spec": {k: list(v) for k, v in spec.items()} if spec else _NO_ITEMS,
-        "encoder": {k: list(v) for k, v in enc.items()} if enc else _NO_ITEMS,
-        "invalid": None if invalid is None else dict(invalid),
-        "finished": tuple(so.finished_req_ids),  # () when empty allocates nothing
-        "preempted": None if preempted is None else tuple(preempted),
-        "freed_mm": tuple(so.free_encoder_mm_hashes),
-        "prefix_blocks": tuple(getattr(so, "num_common_prefix_blocks", ())),
-        "zero_blocks": None if zero is None else tuple(zero),
-        "flags": (getattr(so, "has_structured_output_requests", None),
-                  getattr(so, "pending_structured_output_tokens", None),
-                  getattr(so, "has_sync_kv_loads", None),
-                  getattr(so, "num_spec_tokens_to_schedule", None)),
-        "extra": _extras(so, fields.extra["SchedulerOutput"], fields.pickle_opaque),
-        "cached_extra": _extras(cr, fields.extra["CachedRequestData"], fields.pickle_opaque),
-    }
+        req_ids=tuple(cr.req_ids),
+        resumed=resumed,
+        new_token_ids=cr.new_token_ids,
+        all_token_ids=getattr(cr, "all_token_ids", None) or _NO_ITEMS,
+        new_block_ids=new_block_ids,
+        num_computed_tokens=_ints(cr.num_computed_tokens),
+        num_output_tokens=_ints(cr.num_output_tokens),
+        num_scheduled_tokens=dict(so.num_scheduled_tokens),
+        total=so.total_num_scheduled_tokens,
+        spec={k: list(v) for k, v in spec.items()} if spec else _NO_ITEMS,
+        encoder={k: list(v) for k, v in enc.items()} if enc else _NO_ITEMS,
+        invalid=None if invalid is None else dict(invalid),
+        finished=tuple(so.finished_req_ids),  # () when empty allocates nothing
+        preempted=None if preempted is None else tuple(preempted),
+        freed_mm=tuple(so.free_encoder_mm_hashes),
+        prefix_blocks=tuple(getattr(so, "num_common_prefix_blocks", ())),
+        zero_blocks=None if zero is None else tuple(zero),
+        structured=getattr(so, "has_structured_output_requests", None),
+        pending_structured=getattr(so, "pending_structured_output_tokens", None),
+        sync_kv_loads=getattr(so, "has_sync_kv_loads", None),
+        spec_to_schedule=getattr(so, "num_spec_tokens_to_schedule", None),
+        extra=_extras(so, fields.extra["SchedulerOutput"], fields.pickle_opaque),
+        cached_extra=_extras(cr, fields.extra["CachedRequestData"], fields.pickle_opaque),
+    )
 
 
 def model_output(mro: Any, fields: Fields) -> dict:

@@ -40,8 +40,8 @@ def _progress():
 
 
 def main(out: Path, model: Path | None = None) -> None:
-    from vllm_contract.replay.summary import summary
-    from vllm_contract.replay.trace import open_trace
+    from vllm_contract.replay.query.summary import summary
+    from vllm_contract.trace import open_trace
 
     if out.exists():
         shutil.rmtree(out)

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from vllm_contract.recorder.compact import compact
-from vllm_contract.replay.trace import open_trace
+from vllm_contract.trace import open_trace
 from vllm_contract.rig import breaks, scenarios, tiny_model
 
 HERE = Path(__file__).resolve().parent

@@ -1,0 +1,26 @@
+"""The `vllm-contract` command: a thin typer layer over the recorder and replay APIs, one module
+per command group. Data goes to stdout, diagnostics to stderr; unusable input exits 2 with one
+line, no traceback (vllm_contract.cli.common)."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from vllm_contract.cli import check, live, trace
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  rich_markup_mode="markdown",
+                  help="Record, check and replay the contract between vLLM's scheduler and "
+                       "its workers.")
+for group in (trace, check, live):
+    app.add_typer(group.app)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

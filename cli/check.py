@@ -1,0 +1,201 @@
+"""`check` and `sql`: the invariant catalog and post-mortem SQL over a trace."""
+
+from __future__ import annotations
+
+import enum
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+from xml.sax.saxutils import escape, quoteattr
+
+import typer
+
+from vllm_contract.cli.common import ExitCode, csv_text, err, fail, warn
+from vllm_contract.errors import TraceError
+from vllm_contract.findings import COLUMNS, RANK, SEVERITIES
+
+app = typer.Typer()
+
+
+class CheckFormat(str, enum.Enum):
+    table = "table"
+    json = "json"
+    jsonl = "jsonl"
+    csv = "csv"
+    junit = "junit"
+
+
+Severity = enum.Enum("Severity", {s: s for s in SEVERITIES}, type=str)
+
+
+class SqlFormat(str, enum.Enum):
+    table = "table"
+    json = "json"
+    csv = "csv"
+
+
+def _progress(n: int, total: int, name: str) -> None:
+    """A progress line on a terminal; nothing when stderr is a file or a pipe."""
+    if not sys.stderr.isatty():
+        return
+    typer.echo(f"\rchecking {n}/{total} {name:<40}", err=True, nl=False)
+    if n == total:
+        typer.echo("", err=True)
+
+
+def _render_table(report, invariants, examples: int = 3) -> str:
+    by: dict[str, list] = {}
+    for f in report.findings:
+        by.setdefault(f.invariant, []).append(f)
+    lines = []
+    for inv in sorted(invariants, key=lambda i: (-RANK[i.severity], i.id)):
+        found = by.get(inv.id)
+        if not found:
+            continue
+        lines.append(f"{inv.severity.upper():7} {inv.id}  ({len(found)})  {inv.title}")
+        for f in found[:examples]:
+            where = f"step {f.step}" if f.step is not None else "trace"
+            who = f" req {f.req_id}" if f.req_id else ""
+            lines.append(f"        {where}{who}: {f.message.split(': ', 1)[-1]}")
+        if len(found) > examples:
+            lines.append(f"        ... {len(found) - examples} more")
+    for inv_id, why in report.skipped.items():
+        lines.append(f"SKIPPED {inv_id}: {why}")
+    counts = report.counts()
+    lines.append(f"{len(report.ran)} checks ran, {len(report.skipped)} skipped: "
+                 f"{counts['error']} error(s), {counts['warning']} warning(s), "
+                 f"{counts['info']} info")
+    return "\n".join(lines)
+
+
+def _render_junit(report, invariants) -> str:
+    by: dict[str, list] = {}
+    for f in report.findings:
+        by.setdefault(f.invariant, []).append(f)
+    failures = sum(1 for i in invariants if by.get(i.id))
+    out = ['<?xml version="1.0" encoding="UTF-8"?>',
+           f'<testsuite name="vllm-contract" tests="{len(invariants)}" failures="{failures}" '
+           f'skipped="{len(report.skipped)}">']
+    for inv in invariants:
+        out.append(f'  <testcase classname="vllm_contract.invariants" name={quoteattr(inv.id)}>')
+        if inv.id in report.skipped:
+            out.append(f"    <skipped message={quoteattr(report.skipped[inv.id])}/>")
+        elif by.get(inv.id):
+            body = "\n".join(f"{f.engine} step {f.step} req {f.req_id}: {f.message}"
+                             for f in by[inv.id])
+            out.append(f"    <failure type={quoteattr(inv.severity)} "
+                       f"message={quoteattr(inv.title)}>{escape(body)}</failure>")
+        out.append("  </testcase>")
+    out.append("</testsuite>")
+    return "\n".join(out)
+
+
+@app.command()
+def check(
+    trace: Annotated[Path, typer.Argument(help="Trace directory.")],
+    only: Annotated[Optional[list[str]], typer.Option("--only", help="Run only this check id "
+                                                      "(repeatable).")] = None,
+    invariants: Annotated[Optional[list[Path]], typer.Option(
+        "--invariants", help="A directory of your own .sql checks (repeatable).")] = None,
+    fail_on: Annotated[Severity, typer.Option("--fail-on", help="Exit 1 when a finding is at "
+                                              "or above this severity.")] = Severity.error,
+    format: Annotated[CheckFormat, typer.Option("--format", "-f")] = CheckFormat.table,
+    list_: Annotated[bool, typer.Option("--list", help="List the checks and exit.")] = False,
+) -> None:
+    """Check a trace against the invariant catalog. Exit 0: nothing at or above --fail-on;
+    1: findings at or above it; 2: unusable input."""
+    from vllm_contract.replay.query import catalog, checker
+    from vllm_contract.replay.query.gateway import Gateway
+
+    try:
+        invs = catalog.load(invariants)
+        if list_:
+            for inv in invs:
+                typer.echo(f"{inv.id:<36} {inv.severity:<8} {inv.title}")
+            return
+        selected = checker.select(invs, only)
+        with Gateway(trace) as gw:
+            for w in gw.warnings:
+                warn(w)
+            report = checker.run(gw, selected, progress=_progress)
+    except TraceError as e:
+        fail(e)
+    rows = [f.to_dict() for f in report.findings]
+    if format is CheckFormat.json:
+        typer.echo(json.dumps(rows, indent=2))
+    elif format is CheckFormat.jsonl:
+        for r in rows:
+            typer.echo(json.dumps(r))
+    elif format is CheckFormat.csv:
+        typer.echo(csv_text(rows, COLUMNS), nl=False)
+    elif format is CheckFormat.junit:
+        typer.echo(_render_junit(report, selected))
+    else:
+        typer.echo(_render_table(report, selected))
+    for inv_id, why in report.skipped.items():
+        if format is not CheckFormat.table:
+            err(f"vllm-contract: skipped {inv_id}: {why}")
+    if report.at_or_above(fail_on.value):
+        raise typer.Exit(ExitCode.FOUND)
+
+
+def _print_table(table, format: SqlFormat) -> None:
+    rows = table.to_pylist()
+    if format is SqlFormat.json:
+        typer.echo(json.dumps(rows, indent=2, default=str))
+        return
+    if format is SqlFormat.csv:
+        typer.echo(csv_text(rows, table.column_names), nl=False)
+        return
+    cols = table.column_names
+    cells = [[("NULL" if r[c] is None else str(r[c])) for c in cols] for r in rows]
+    widths = [min(60, max([len(c)] + [len(row[i]) for row in cells])) for i, c in enumerate(cols)]
+    typer.echo("  ".join(c.ljust(w) for c, w in zip(cols, widths)))
+    typer.echo("  ".join("-" * w for w in widths))
+    for row in cells:
+        typer.echo("  ".join(v[:w].ljust(w) for v, w in zip(row, widths)))
+    typer.echo(f"({len(rows)} row{'s' * (len(rows) != 1)})")
+
+
+@app.command()
+def sql(
+    trace: Annotated[Path, typer.Argument(help="Trace directory.")],
+    query: Annotated[Optional[str], typer.Argument(help="SQL; omit for an interactive "
+                                                   "prompt.")] = None,
+    format: Annotated[SqlFormat, typer.Option("--format", "-f")] = SqlFormat.table,
+) -> None:
+    """Run SQL over a trace's views (steps, scheduled, requests, finished, lifeline, ...);
+    without a query, an interactive prompt (statements end with ';', `.views` lists views)."""
+    from vllm_contract.replay.query.gateway import Gateway
+    from vllm_contract.replay.query.views import VIEW_DOCS
+
+    try:
+        gw = Gateway(trace)
+        for w in gw.warnings:
+            warn(w)
+        if query is not None:
+            _print_table(gw.sql(query), format)
+            return
+    except TraceError as e:
+        fail(e)
+    err(f"views: {', '.join(VIEW_DOCS)}. End statements with ';'. Ctrl-D quits.")
+    buf: list[str] = []
+    while True:
+        try:
+            line = input("sql> " if not buf else "...> ")
+        except EOFError:
+            typer.echo("", err=True)
+            return
+        if not buf and line.strip() == ".views":
+            for name, doc in VIEW_DOCS.items():
+                typer.echo(f"{name:<14} {doc}")
+            continue
+        buf.append(line)
+        if line.rstrip().endswith(";"):
+            text = "\n".join(buf).strip().rstrip(";")
+            buf = []
+            try:
+                _print_table(gw.sql(text), format)
+            except TraceError as e:  # the prompt survives a bad query
+                err(f"error: {e}")

@@ -1,0 +1,126 @@
+"""`info`, `compact`, `demo`: one trace as a whole."""
+
+from __future__ import annotations
+
+import enum
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from vllm_contract.cli.common import fail, warn
+from vllm_contract.errors import TraceError
+
+app = typer.Typer()
+
+
+class InfoFormat(str, enum.Enum):
+    table = "table"
+    json = "json"
+
+
+def _open(path: Path):
+    from vllm_contract.trace import open_trace
+
+    return open_trace(path)
+
+
+def _fmt_ns(ns: int | None) -> str:
+    if ns is None:
+        return "-"
+    import datetime
+
+    return datetime.datetime.fromtimestamp(ns / 1e9, datetime.timezone.utc).isoformat(
+        timespec="seconds")
+
+
+@app.command()
+def info(trace: Annotated[Path, typer.Argument(help="Trace directory (a root or one engine).")],
+         format: Annotated[InfoFormat, typer.Option("--format", "-f")] = InfoFormat.table) -> None:
+    """Manifest, step and request counts, time span, batches in flight, vLLM version, fields
+    seen, integrity."""
+    from vllm_contract.replay.query.gateway import Gateway
+    from vllm_contract.replay.query.summary import summary
+
+    try:
+        t = _open(trace)
+        s = summary(t)
+        with Gateway(t) as gw:  # the SQL views `sql` and `check` see, all engines together
+            s["views"] = gw.counts()
+    except TraceError as e:
+        fail(e)
+    for e in s["engines"]:
+        for w in e["warnings"]:
+            warn(w)
+    if format is InfoFormat.json:
+        typer.echo(json.dumps(s, indent=2, default=str))
+        return
+    for e in s["engines"]:
+        st = e["settings"] or {}
+        typer.echo(f"engine        {e['engine']}  ({e['path']})")
+        typer.echo(f"vLLM          {e['vllm_version']}   format v{e['format_version']}   "
+                   f"host {e['host']} pid {e['pid']} dp_rank {e['dp_rank']}")
+        typer.echo(f"model         {e['model']}  dtype {st.get('dtype')}  block_size "
+                   f"{st.get('block_size')}  kv_blocks {st.get('num_kv_blocks')}")
+        typer.echo(f"steps         {e['steps']}   requests {e['requests']}   tokens scheduled "
+                   f"{e['tokens_scheduled']}")
+        typer.echo(f"time          {_fmt_ns(e['first_step_ns'])} .. {_fmt_ns(e['last_step_ns'])}"
+                   f"  ({e['span_s']:.3f} s)")
+        if e["most_in_flight"]:
+            typer.echo("batches       " + ("one at a time" if e["most_in_flight"] == 1 else
+                       f"up to {e['most_in_flight']} in flight ({e['overlapped_updates']} of "
+                       f"{e['rows']['updates']} updates came after the next schedule())"))
+        typer.echo("rows          " + "  ".join(f"{k}={v}" for k, v in e["rows"].items()))
+        drift = (e["contract_drift"] or {}).get("unknown_fields") or {}
+        typer.echo(f"fields        {sum(len(v) for v in (e['fields'] or {}).values())} seen; "
+                   f"drift: {json.dumps(drift) if drift else 'none'}")
+        status = "OK" if not e["integrity"] and not e["warnings"] else "; ".join(
+            e["integrity"] + [f"{len(e['warnings'])} segment warning(s)"] * bool(e["warnings"]))
+        typer.echo(f"integrity     {status}")
+        typer.echo("")
+    typer.echo("views         " + "  ".join(f"{k}={v}" for k, v in s["views"].items()))
+
+
+@app.command()
+def compact(trace: Annotated[Path, typer.Argument(help="Trace directory.")]) -> None:
+    """Turn closed stream segments into Parquet (zstd); the newest segment of a live recorder
+    is left alone."""
+    from vllm_contract.recorder.compact import compact as do_compact, segment_count
+
+    try:
+        t = _open(trace)
+        total = segment_count(t)
+        done = [0]
+
+        def progress(path: Path) -> None:
+            done[0] += 1
+            typer.echo(f"\rcompacting {done[0]}/{total}", err=True, nl=False)
+
+        try:
+            stats = do_compact(t, progress)
+        finally:
+            if done[0]:  # end the progress line, so that an error starts its own
+                typer.echo("", err=True)
+    except TraceError as e:
+        fail(e)
+    for w in t.warnings:
+        warn(w)
+    before, after = stats["bytes_before"], stats["bytes_after"]
+    typer.echo(f"compacted {stats['compacted']} segment(s): {before} → {after} bytes"
+               + (f"; left {stats['skipped_live']} live segment(s)" if stats["skipped_live"] else ""))
+
+
+@app.command()
+def demo(out: Annotated[Path, typer.Option(help="Where to write the trace.")] = Path("demo-trace"),
+         model: Annotated[Optional[Path], typer.Option(help="Model dir (default: the tiny "
+                                                       "local Llama, built if missing).")] = None,
+         ) -> None:
+    """Run a real vLLM engine on the CPU with recording on, over a workload with chunked
+    prefill, an abort and preemption; then summarise the trace."""
+    from vllm_contract.rig import demo as demo_mod
+
+    try:
+        demo_mod.main(out, model)
+    except TraceError as e:
+        fail(e)

@@ -1,0 +1,41 @@
+"""A finding, the one output format of every checker (the SQL catalog, the shadow worker): what
+`check --format json` prints and what the TUI lists."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+SEVERITIES = ("error", "warning", "info")  # most severe first
+RANK = {s: i for i, s in enumerate(reversed(SEVERITIES))}  # info 0, warning 1, error 2
+COLUMNS = ["invariant", "severity", "engine", "step", "req_id", "message"]  # CSV's, in order
+
+
+@dataclass
+class Finding:
+    invariant: str
+    severity: str
+    step: int | None
+    req_id: str | None
+    message: str
+    engine: str | None = None
+    title: str = ""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def sort_key(self) -> tuple:
+        return (-RANK[self.severity], self.invariant, self.engine or "",
+                -1 if self.step is None else self.step, self.req_id or "")
+
+
+@dataclass
+class Report:
+    findings: list[Finding]
+    skipped: dict[str, str]  # invariant id -> reason
+    ran: list[str]
+
+    def at_or_above(self, severity: str) -> list[Finding]:
+        return [f for f in self.findings if RANK[f.severity] >= RANK[severity]]
+
+    def counts(self) -> dict[str, int]:
+        return {s: sum(1 for f in self.findings if f.severity == s) for s in SEVERITIES}

@@ -1,0 +1,354 @@
+"""The views a trace's tables are read through, beside the tables themselves: their SQL (each
+view reads only the ones before it, and all are held to the catalog's portability rules: the
+tests transpile them to Spark SQL), which of them the checker stores once per run, and their
+documentation, from which docs/sql-views.md is generated. The gateway creates them."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from vllm_contract import schema
+
+# Views derived from the tables, documented with them (see VIEW_DOCS and docs/sql-views.md).
+ENGINES_SCHEMA = pa.schema([
+    pa.field("engine", pa.string()), pa.field("model", pa.string()),
+    pa.field("block_size", pa.int64()), pa.field("num_kv_blocks", pa.int64()),
+    pa.field("max_num_batched_tokens", pa.int64()), pa.field("max_num_seqs", pa.int64()),
+    pa.field("max_model_len", pa.int64()), pa.field("closed_cleanly", pa.bool_()),
+    pa.field("attached_mid_stream", pa.bool_()), pa.field("recorder_errors", pa.int64()),
+    pa.field("vllm_version", pa.string()),
+])
+DROPPED_SCHEMA = pa.schema([pa.field("engine", pa.string()), pa.field("first_step", pa.int64()),
+                            pa.field("last_step", pa.int64())])
+
+# A request instance: an id from its introduction to the next introduction of the same id.
+# freed_step: the first step whose finished_req_ids carries it (a delivery in the very step of
+# the next introduction belongs to this instance: the worker frees before it adds).
+INSTANCES_SQL = """
+CREATE VIEW instances AS
+WITH intro AS (
+    SELECT engine, req_id, step AS intro_step, prompt_len,
+           LEAD(step) OVER (PARTITION BY engine, req_id ORDER BY step) AS next_intro_step,
+           ROW_NUMBER() OVER (ORDER BY engine, step, req_id) AS inst
+    FROM requests
+)
+SELECT i.inst, i.engine, i.req_id, i.intro_step, i.next_intro_step, i.prompt_len,
+       MIN(f.step) AS freed_step
+FROM intro i
+LEFT JOIN finished f ON f.engine = i.engine AND f.req_id = i.req_id AND f.step > i.intro_step
+     AND (i.next_intro_step IS NULL OR f.step <= i.next_intro_step)
+GROUP BY i.inst, i.engine, i.req_id, i.intro_step, i.next_intro_step, i.prompt_len
+"""
+
+LIFELINE_SQL = """
+CREATE VIEW lifeline AS
+WITH sched AS (
+    SELECT i.engine, i.req_id, i.intro_step, s.step, s.kind, s.num_scheduled_tokens
+    FROM instances i JOIN scheduled s ON s.engine = i.engine AND s.req_id = i.req_id
+    WHERE s.step >= i.intro_step AND (i.next_intro_step IS NULL OR s.step < i.next_intro_step)
+      AND s.kind IS NOT NULL
+),
+ev AS (
+    SELECT i.engine, i.req_id, i.intro_step, MIN(e.step) AS finish_event_step,
+           MIN(e.reason) AS finish_reason
+    FROM instances i JOIN finish_events e ON e.engine = i.engine AND e.req_id = i.req_id
+    WHERE e.step >= i.intro_step AND (i.next_intro_step IS NULL OR e.step < i.next_intro_step)
+    GROUP BY i.engine, i.req_id, i.intro_step
+),
+agg AS (
+    SELECT engine, req_id, intro_step, MIN(step) AS first_step, MAX(step) AS last_step,
+           COUNT(*) AS steps_scheduled, CAST(SUM(num_scheduled_tokens) AS BIGINT) AS tokens_scheduled,
+           CAST(SUM(CASE WHEN kind = 'resumed' THEN 1 ELSE 0 END) AS BIGINT) AS resumes
+    FROM sched GROUP BY engine, req_id, intro_step
+)
+SELECT i.engine, i.req_id, i.intro_step, a.first_step, a.last_step, a.steps_scheduled,
+       a.tokens_scheduled, a.resumes, ev.finish_event_step, ev.finish_reason,
+       i.freed_step AS finished_step
+FROM instances i
+LEFT JOIN agg a ON a.engine = i.engine AND a.req_id = i.req_id AND a.intro_step = i.intro_step
+LEFT JOIN ev ON ev.engine = i.engine AND ev.req_id = i.req_id AND ev.intro_step = i.intro_step
+"""
+
+# Ids listed with no introduction before them (an engine attached mid-stream, or a bug) are keyed
+# by a negative hash of (engine, req_id): numbering them exactly needs a second pass over every
+# row (0.6 s of 2.6 s at 100k steps). Two such ids share a key only if 62-bit hashes collide.
+ORPHAN_KEY = "-1 - CAST(HASH({engine}, {req_id}) >> 2 AS BIGINT)"
+
+# Every listed request id, and whether its rows need the window to find each row's previous
+# one. They do not (plain) when the id is one request instance (or one orphan), listed in every
+# step from its first to its last, cached after its first row, with no drafts and no count
+# missing, and each row's num_computed_tokens is the previous row's computed plus scheduled
+# tokens. Then the previous row of a row is the one of the step before, and its end is this
+# row's num_computed_tokens. That last condition is checked for all rows of an id at once by
+# comparing two sums of hashes: of (step, computed) over every row but the first, and of
+# (step + 1, computed + scheduled) over every row but the last. They are equal exactly when the
+# two sets of pairs are (a duplicate or a missing step breaks it too), unless 64-bit hash sums
+# collide. In a trace of decoding requests nearly every id is plain; sorting all rows by request,
+# as the window does, took 7 of the 17 s that `runs` took at a million steps.
+# run_groups' pass over every listed row, one engine at a time (see per_engine)
+RUN_GROUPS_PASS = """
+    SELECT ANY_VALUE(engine) AS engine, req_id, MIN(step) AS first_step, MAX(step) AS last_step,
+           COUNT(*) AS n,
+           COUNT(num_computed_tokens) AS n_computed, COUNT(num_scheduled_tokens) AS n_scheduled,
+           SUM(CASE WHEN kind = 'cached' THEN 0 ELSE 1 END) AS uncached,
+           ARG_MIN(kind, step) AS first_kind,
+           ARG_MIN(num_computed_tokens, step) AS first_computed,
+           ARG_MAX(num_computed_tokens + num_scheduled_tokens, step) AS last_end,
+           MAX(num_computed_tokens + num_scheduled_tokens - COALESCE(num_output_tokens, 0))
+               AS most_ahead,
+           SUM(HASH(step, num_computed_tokens)) AS starts,
+           SUM(HASH(step + 1, num_computed_tokens + num_scheduled_tokens)) AS ends
+    FROM scheduled
+    WHERE engine = {engine} AND kind IS NOT NULL
+    GROUP BY req_id"""
+
+RUN_GROUPS_SQL = f"""
+CREATE VIEW run_groups AS
+WITH g AS (
+{{groups}}
+),
+drafted AS (
+    -- ids with drafts (from `drafts`: counting them here read every row's list, 0.35 s at a
+    -- million steps)
+    SELECT DISTINCT engine, req_id FROM drafts WHERE kind IS NOT NULL
+),
+candidates AS (
+    -- with the instances their steps overlap: one that began at or before the first row, or none
+    SELECT g.engine, g.req_id, g.first_step, COUNT(i.inst) AS n_inst, MIN(i.inst) AS inst,
+           MIN(i.intro_step) AS intro_step
+    FROM g
+    LEFT JOIN drafted d ON d.engine = g.engine AND d.req_id = g.req_id
+    LEFT JOIN instances i ON i.engine = g.engine AND i.req_id = g.req_id
+         AND i.intro_step <= g.last_step
+         AND (i.next_intro_step IS NULL OR i.next_intro_step > g.first_step)
+    WHERE g.n = g.last_step - g.first_step + 1 AND g.n_computed = g.n AND g.n_scheduled = g.n
+      AND d.req_id IS NULL AND g.uncached = CASE WHEN g.first_kind = 'cached' THEN 0 ELSE 1 END
+      AND g.starts - HASH(g.first_step, g.first_computed)
+          = g.ends - HASH(g.last_step + 1, g.last_end)
+    GROUP BY g.engine, g.req_id, g.first_step
+)
+SELECT g.engine, g.req_id, g.first_step, g.last_step, g.first_kind, g.last_end, g.most_ahead,
+       c.req_id IS NOT NULL AS plain,
+       CASE WHEN c.req_id IS NOT NULL
+            THEN COALESCE(c.inst, {ORPHAN_KEY.format(engine="g.engine", req_id="g.req_id")}) END
+           AS inst
+FROM g
+LEFT JOIN candidates c ON c.engine = g.engine AND c.req_id = g.req_id
+     AND (c.n_inst = 0 OR (c.n_inst = 1 AND c.intro_step <= c.first_step))
+"""
+
+# The columns of a listed row that `runs` carries: counts as INTEGER, and no more columns than
+# the checks read (every byte of a row travels through the window's sort).
+# Blocks a row adds to each KV cache group's table (new_block_ids holds one list per group).
+_BLOCKS = """CAST(CASE WHEN CARDINALITY({ids}) > 0
+                 THEN CARDINALITY(FLATTEN({ids})) / CARDINALITY({ids})
+                 ELSE 0 END AS INTEGER)"""
+
+_RUN_COLUMNS = """s.step, s.kind, CAST(s.num_scheduled_tokens AS INTEGER) AS num_scheduled_tokens,
+           CAST(s.num_computed_tokens AS INTEGER) AS num_computed_tokens,
+           CAST(s.num_output_tokens AS INTEGER) AS num_output_tokens,
+           {drafts} AS drafts, """ + _BLOCKS.format(ids="s.new_block_ids") + " AS blocks"
+
+# The rows of `runs` of the ids that are not plain: one window pass over them alone. The checker
+# materialises it once per run (see Gateway.materialize).
+WINDOWED_RUNS_SQL = f"""
+CREATE VIEW windowed_runs AS
+WITH keyed AS (
+    -- the rows of ids that are not plain, each with its request instance (`instances`' inst)
+    SELECT {_RUN_COLUMNS.format(
+        drafts="CAST(COALESCE(CARDINALITY(s.spec_token_ids), 0) AS INTEGER)")},
+           COALESCE(i.inst, {ORPHAN_KEY.format(engine="s.engine", req_id="s.req_id")}) AS inst
+    FROM scheduled s
+    JOIN run_groups g ON g.engine = s.engine AND g.req_id = s.req_id AND NOT g.plain
+    LEFT JOIN instances i ON i.engine = s.engine AND i.req_id = s.req_id
+         AND s.step >= i.intro_step AND (i.next_intro_step IS NULL OR s.step < i.next_intro_step)
+    WHERE s.kind IS NOT NULL
+)
+SELECT inst, step, kind, num_scheduled_tokens, num_computed_tokens, num_output_tokens, drafts,
+       blocks,
+       LAG(step) OVER (PARTITION BY inst ORDER BY step) AS prev_step,
+       LAG(num_computed_tokens + num_scheduled_tokens) OVER (PARTITION BY inst ORDER BY step)
+           AS prev_end,
+       LAG(drafts) OVER (PARTITION BY inst ORDER BY step) AS prev_drafts
+FROM keyed
+"""
+
+# Each listed request row with the end of the previous row of the same request instance: the
+# state most checks would otherwise rebuild with a self-join of `scheduled` each. Plain ids
+# (`run_groups`) get it from their own row; the others come from `windowed_runs`. The plain part
+# stays a view: each check reads only its own columns of it, and storing all of them took longer
+# than the checks reading them.
+RUNS_SQL = f"""
+CREATE VIEW runs AS
+SELECT g.inst, {_RUN_COLUMNS.format(drafts="CAST(0 AS INTEGER)")},
+       CASE WHEN s.step > g.first_step THEN s.step - 1 END AS prev_step,
+       CASE WHEN s.step > g.first_step THEN CAST(s.num_computed_tokens AS INTEGER) END AS prev_end,
+       CASE WHEN s.step > g.first_step THEN CAST(0 AS INTEGER) END AS prev_drafts
+FROM scheduled s
+JOIN run_groups g ON g.engine = s.engine AND g.req_id = s.req_id AND g.plain
+WHERE s.kind IS NOT NULL
+UNION ALL
+SELECT inst, step, kind, num_scheduled_tokens, num_computed_tokens, num_output_tokens, drafts,
+       blocks, prev_step, prev_end, prev_drafts
+FROM windowed_runs
+"""
+
+# Each step's listed requests (rows with a token count) summed up: read by the checks that compare
+# a step's rows with the step (its total, the budget, the model output's ids, max_model_len). One
+# pass over the rows instead of one per check: 0.4-0.9 s each at a million steps. One engine at a
+# time (see per_engine).
+STEP_TOTALS_PASS = """
+SELECT ANY_VALUE(engine) AS engine, step, COUNT(*) AS n, SUM(num_scheduled_tokens) AS tokens,
+       SUM(HASH(step, req_id)) AS ids_hash,
+       MAX(num_computed_tokens + num_scheduled_tokens) AS most_tokens
+FROM scheduled
+WHERE engine = {engine} AND num_scheduled_tokens IS NOT NULL
+GROUP BY step"""
+
+# The rows that hand out blocks or reset a block table (about one row in fourteen of a decoding
+# trace), with their block ids in one list: the three block checks read these instead of each
+# decoding every row's list of lists (about 1 s per check at a million steps).
+GRANTS_SQL = f"""
+CREATE VIEW grants AS
+SELECT engine, step, req_id, kind, pos, num_computed_tokens, num_scheduled_tokens,
+       {_BLOCKS.format(ids="new_block_ids")} AS blocks, FLATTEN(new_block_ids) AS block_ids
+FROM scheduled
+WHERE new_block_ids IS NOT NULL OR kind IN ('new', 'resumed')
+"""
+
+# The rows with draft tokens (none at all without speculative decoding): the draft checks read
+# these instead of each reading every row's list (0.35 s per check at a million steps).
+DRAFTS_SQL = """
+CREATE VIEW drafts AS
+SELECT engine, step, req_id, kind, num_scheduled_tokens, spec_token_ids
+FROM scheduled
+WHERE spec_token_ids IS NOT NULL
+"""
+
+# Names for runs' keys: every instance, and every orphan (its key recomputed from its name).
+RUN_IDS_SQL = f"""
+CREATE VIEW run_ids AS
+SELECT inst, engine, req_id, intro_step, next_intro_step, prompt_len FROM instances
+UNION ALL
+SELECT DISTINCT o.inst, s.engine, s.req_id, CAST(NULL AS BIGINT) AS intro_step,
+       CAST(NULL AS BIGINT) AS next_intro_step, CAST(NULL AS BIGINT) AS prompt_len
+FROM (SELECT DISTINCT inst FROM runs WHERE inst < 0) o
+JOIN scheduled s ON {ORPHAN_KEY.format(engine="s.engine", req_id="s.req_id")} = o.inst
+"""
+
+
+def quote(s: str) -> str:
+    """A string's body as an SQL literal's (quotes doubled)."""
+    return s.replace("'", "''")
+
+
+def per_engine(select: str, engines: list[str]) -> str:
+    """`select` (with `{engine}` where it filters rows to one engine) once per engine, joined by
+    UNION ALL. A GROUP BY over every row that is keyed by engine and an id or a step took 1.5-2x
+    as long as the same GROUP BY without the engine (0.8 s against 0.4 s at a million steps):
+    DuckDB hashes a single string key once per dictionary entry of the Parquet column, and two
+    keys once per row. Filtered to one engine, each branch reads that engine's files alone (the
+    tables' views give each engine a branch with its name a constant) and groups without it."""
+    literals = [f"'{quote(e)}'" for e in dict.fromkeys(engines)] or ["NULL"]  # NULL: no rows
+    return "\nUNION ALL\n".join(select.format(engine=e) for e in literals)
+
+
+def derived_sql(engines: list[str]) -> tuple[str, ...]:
+    """The derived views' SQL for a trace of these engines, in creation order (each reads only
+    the ones before it). The catalog reads them, so they are held to its portability rules too
+    (tests transpile them to Spark SQL)."""
+    return ("CREATE VIEW step_totals AS " + per_engine(STEP_TOTALS_PASS, engines), GRANTS_SQL,
+            DRAFTS_SQL, INSTANCES_SQL, LIFELINE_SQL,
+            RUN_GROUPS_SQL.format(groups=per_engine(RUN_GROUPS_PASS, engines)),
+            WINDOWED_RUNS_SQL, RUNS_SQL, RUN_IDS_SQL)
+
+
+# The derived views several checks read, each with the views to store (Gateway.materialize), in
+# order, before a check reads it: itself and the views it reads. `runs` itself stays a view: each
+# check reads only its own columns of it.
+SHARED_VIEWS = {
+    "step_totals": ("step_totals",),
+    "grants": ("grants",),
+    "drafts": ("drafts",),
+    "instances": ("instances",),
+    "run_groups": ("instances", "drafts", "run_groups"),
+    "windowed_runs": ("instances", "drafts", "run_groups", "windowed_runs"),
+    "runs": ("instances", "drafts", "run_groups", "windowed_runs"),
+    "run_ids": ("instances", "drafts", "run_groups", "windowed_runs", "run_ids"),
+}
+
+VIEW_DOCS = {
+    **{name: doc for name, (doc, _) in schema.TABLES.items()},
+    "engines": "One row per engine (from its manifest): the settings checks compare against.",
+    "dropped": "One row per range of steps the recorder dropped (writer behind).",
+    "step_totals": "One row per step with listed requests: engine, step, n (rows with a token "
+                   "count), tokens (their sum), ids_hash (the sum of HASH(step, req_id) over them: "
+                   "two steps, or two spans of steps summed, list the same ids when n and "
+                   "ids_hash agree, barring a 64-bit collision), most_tokens (the largest "
+                   "num_computed_tokens + num_scheduled_tokens).",
+    "grants": "The `scheduled` rows that hand out blocks or reset a request's block table (new "
+              "or resumed): engine, step, req_id, kind, pos, num_computed_tokens, "
+              "num_scheduled_tokens, blocks (blocks added to each KV cache group's table), "
+              "block_ids (every group's new block ids in one list).",
+    "drafts": "The `scheduled` rows with draft tokens: engine, step, req_id, kind, "
+              "num_scheduled_tokens, spec_token_ids.",
+    "instances": "One row per request instance: inst (an integer key), engine, req_id, intro_step, "
+                 "next_intro_step (the id's next introduction), prompt_len, freed_step (the "
+                 "first finished_req_ids carrying it).",
+    "lifeline": "One row per request instance (an id introduced at intro_step; a reused id is a new "
+                "instance): when it ran, how it ended, when its finish reached the worker.",
+    "run_groups": "One row per listed request id: whether its rows in `runs` need the window "
+                  "(see the columns below).",
+    "windowed_runs": "The rows of `runs` of the other ids, which went through its window (same "
+                     "columns). A check that only a row unlike the previous step's can break "
+                     "reads this alone.",
+    "runs": "One row per listed request in a step (the `scheduled` rows with a kind), keyed by "
+            "request instance, with the instance's previous listed row (see the columns below).",
+    "run_ids": "What runs' `inst` keys name: engine, req_id, intro_step, next_intro_step, "
+               "prompt_len (negative keys: ids listed with no introduction before them, keyed by a hash "
+               "of engine and req_id).",
+}
+
+
+def views_markdown() -> str:
+    """docs/sql-views.md's view list (generated, so it cannot drift)."""
+    out = ["<!-- generated by `python -m vllm_contract.replay.query.views` -->", "",
+           "Every table of the trace format is a view with an `engine` column first "
+           "(the engine directory's name); see docs/trace-tables.md for their columns. Its "
+           "type is `engine_name`, an ENUM of the trace's engines: it compares with string "
+           "literals as a VARCHAR would, and grouping, sorting and joining by it cost what an "
+           "integer key costs (half the time of a VARCHAR in a window over a million steps). "
+           "Arrow receives it as a dictionary column.", "",
+           "| view | what |", "|---|---|"]
+    out += [f"| `{name}` | {doc} |" for name, doc in VIEW_DOCS.items()]
+    out += ["", "`engines` columns: " + ", ".join(f"`{f.name}`" for f in ENGINES_SCHEMA) + ".",
+            "", "`dropped` columns: " + ", ".join(f"`{f.name}`" for f in DROPPED_SCHEMA) + ".",
+            "", "`lifeline` columns: `engine`, `req_id`, `intro_step`, `first_step`, `last_step`, "
+            "`steps_scheduled`, `tokens_scheduled`, `resumes`, `finish_event_step`, "
+            "`finish_reason`, `finished_step` (the step whose finished_req_ids freed it).",
+            "", "`instances` columns: `inst` (an integer key), `engine`, `req_id`, `intro_step`, "
+            "`next_intro_step`, `prompt_len`, `freed_step`.",
+            "", "`runs` columns: `inst` (the request instance: `run_ids` names it), `step`, "
+            "`kind`, `num_scheduled_tokens`, `num_computed_tokens`, "
+            "`num_output_tokens`, `drafts` (spec tokens in this step, 0 if none), `blocks` (blocks "
+            "this row adds to each KV cache group's table); of the "
+            "instance's previous listed row: `prev_step`, `prev_end` (its num_computed_tokens + "
+            "num_scheduled_tokens), `prev_drafts`. No strings but `kind` travel through its "
+            "window: by request id it took several times as long. The checker computes its "
+            "windowed part once per run.",
+            "", "`run_groups` columns: `engine`, `req_id`, `first_step`, `last_step`, "
+            "`first_kind`, "
+            "`last_end` (the last row's num_computed_tokens + num_scheduled_tokens), "
+            "`most_ahead` (the largest num_computed_tokens + num_scheduled_tokens - "
+            "num_output_tokens of its rows), `plain`, `inst` (of a plain id). A check that a plain "
+            "id's rows can break only in a way these show reads its rows only when they do. "
+            "Plain: listed in every step from its first to its last as one request "
+            "instance (or one orphan), cached after its first row, without drafts or missing "
+            "counts, each row's num_computed_tokens the previous row's end (checked by sums of "
+            "hashes). A plain id's previous rows are known without sorting: `runs` sends only "
+            "the other ids' rows through its window."]
+    return "\n".join(out) + "\n"
+
+
+if __name__ == "__main__":
+    print(views_markdown(), end="")

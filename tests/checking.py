@@ -1,0 +1,86 @@
+"""Running the catalog over a trace, and breaking real recordings the way a scheduler bug would:
+shared by the query and CLI tests.
+
+Breaks come two ways. "patch": the real Scheduler runs and its SchedulerOutput is altered right
+after schedule() returns, before the recorder sees it (the bug is in the scheduler, the trace is
+real). "edit": a clean recorded trace is compacted and one table or the manifest is rewritten
+(for breaks that would derail the scheduler itself, or that concern the recorder)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from vllm_contract import schema
+from vllm_contract.recorder.compact import compact
+from vllm_contract.replay.query import catalog, checker
+from vllm_contract.replay.query.gateway import Gateway
+from vllm_contract.rig import scenarios
+from vllm_contract.trace import open_trace
+
+CLEAN = [n for n in scenarios.SCENARIOS if n != "long_run"]
+# and with two batches in flight (the AsyncScheduler's step path)
+OVERLAPPED = [(n, 2) for n in CLEAN]
+
+
+def findings(path, only=None):
+    with Gateway(path) as gw:
+        invs = checker.select(catalog.load(), only)
+        return checker.run(gw, invs)
+
+
+def serious(report):
+    return [f for f in report.findings if f.severity in ("error", "warning")]
+
+
+def hits(report, invariant):
+    return [(f.step, f.req_id) for f in report.findings if f.invariant == invariant]
+
+
+
+def patched(tiny_model, tmp_path, name, mutate, **writer):
+    """Run scenario `name`, letting mutate(so, step) break each SchedulerOutput; returns the
+    list of (step, req_id) that mutate reported breaking."""
+    broken = []
+    state = {"step": 0}
+
+    def on_schedule(so):
+        hit = mutate(so, state["step"])
+        if hit:
+            broken.append(hit)
+        state["step"] += 1
+
+    scenarios.run(name, tiny_model, tmp_path, on_schedule=on_schedule, **writer)
+    assert broken, "the patch never applied: the test proves nothing"
+    return broken
+
+
+def edit(path: Path, table: str, fn) -> None:
+    """Rewrite one table of a (single-engine) trace: rows -> fn(rows)."""
+    t = open_trace(path)
+    compact(t)
+    (e,) = t.engines
+    rows = fn(e.read(table).to_pylist())
+    for p in (e.dir / table).glob("*.parquet"):
+        p.unlink()
+    pq.write_table(pa.Table.from_pylist(rows, schema=schema.schema(table)),
+                   e.dir / table / "000000.parquet")
+
+
+def edit_manifest(path: Path, **changes) -> None:
+    (e,) = open_trace(path).engines
+    m = json.loads((e.dir / "manifest.json").read_text())
+    for k, v in changes.items():
+        if k in m.get("engine", {}):
+            m["engine"][k] = v
+        else:
+            m[k] = v
+    (e.dir / "manifest.json").write_text(json.dumps(m))
+
+
+def cached_ids(so):
+    return list(so.scheduled_cached_reqs.req_ids)
+

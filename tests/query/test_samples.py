@@ -1,0 +1,68 @@
+"""The committed samples stay readable by this version and hold what samples/README.md says."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from vllm_contract.cli import app
+from vllm_contract.trace import open_trace
+
+SAMPLES = Path(__file__).resolve().parents[2] / "samples"
+
+
+CLEAN = ["mixed", "mixed-async", "spec-decode", "encoder-lookalike", "structured-output"]
+
+
+@pytest.mark.parametrize("name", CLEAN)
+def test_sample_opens_cleanly(name):
+    result = CliRunner().invoke(app, ["info", str(SAMPLES / name)])
+    assert result.exit_code == 0, result.stderr
+    assert "integrity     OK" in result.stdout
+    t = open_trace(SAMPLES / name)
+    assert t.warnings == []
+    assert not list((SAMPLES / name).rglob("*.arrows")), "samples are committed compacted"
+
+
+def test_mixed_sample_has_preemption_and_aborts():
+    t = open_trace(SAMPLES / "mixed")
+    assert t.read("preempted").num_rows > 0
+    reasons = t.read("finish_events")["reason"].to_pylist()
+    assert "FINISHED_ABORTED" in reasons and "LENGTH" in reasons
+
+
+def test_spec_sample_has_drafts():
+    assert any(t for t in open_trace(SAMPLES / "spec-decode").read("scheduled")["spec_token_ids"]
+               .to_pylist())
+
+
+@pytest.mark.parametrize("name,invariant", [
+    ("broken-leak", "finished.leaked"),
+    ("broken-held-block", "blocks.double_owner"),
+    ("broken-unknown-cached", "lifecycle.unknown_cached"),
+])
+def test_broken_sample_shows_its_break(name, invariant):
+    import json
+
+    result = CliRunner().invoke(app, ["check", str(SAMPLES / name), "--format", "json"])
+    assert result.exit_code == 1
+    errors = {f["invariant"] for f in json.loads(result.stdout) if f["severity"] == "error"}
+    assert invariant in errors
+
+
+def test_async_sample_has_batches_in_flight():
+    result = CliRunner().invoke(app, ["info", str(SAMPLES / "mixed-async")])
+    assert "batches       up to 2 in flight" in result.stdout
+    t = open_trace(SAMPLES / "mixed-async")
+    # a finish whose id went out two steps later: the step after it was already scheduled
+    events = {r["req_id"]: r["step"] for r in t.read("finish_events").to_pylist()}
+    delivered = {r["req_id"]: r["step"] for r in t.read("finished").to_pylist()}
+    assert any(delivered.get(rid) == step + 2 for rid, step in events.items())
+
+
+@pytest.mark.parametrize("name", CLEAN)
+def test_clean_sample_checks_clean(name):
+    result = CliRunner().invoke(app, ["check", str(SAMPLES / name), "--fail-on", "warning"])
+    assert result.exit_code == 0, result.stdout
