@@ -95,10 +95,26 @@ def _order(v: Any) -> tuple:
     return (0, v, "") if isinstance(v, (int, float)) else (1, v)
 
 
+# A dict with a key that is not a str (logit_bias: token id -> bias) as JSON, whose object keys
+# are strings: its items as [key, value] pairs, so that loads() gives back the keys' types.
+DICT_TAG = "__dict__"
+
+
+def _keyed(value: dict, d: int) -> Any:
+    items = []
+    for k, v in value.items():
+        # a str subclass (a str-mixin enum) keeps str()'s spelling, as before tagging existed
+        items.append((str(k) if isinstance(k, str) else to_plain(k, d), to_plain(v, d)))
+    if all(type(k) is str for k, _ in items) and not (len(items) == 1 and items[0][0] == DICT_TAG):
+        return dict(items)  # enum keys, say: strings once converted, an object as before
+    # sorted: the JSON text of a dict must not depend on its insertion order
+    return {DICT_TAG: [[k, v] for k, v in sorted(items, key=lambda kv: _order(kv[0]))]}
+
+
 def to_plain(value: Any, depth: int = 0) -> Any:
     """Convert to JSON-safe plain data. Sets become sorted lists, tuples lists, enums
-    "Class.NAME", dataclasses and msgspec structs dicts tagged with "__type__"; anything else
-    opaque."""
+    "Class.NAME", dataclasses and msgspec structs dicts tagged with "__type__", dicts with a key
+    that is not a str {"__dict__": [[key, value], ...]} (see loads()); anything else opaque."""
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     if depth > MAX_DEPTH:
@@ -109,7 +125,11 @@ def to_plain(value: Any, depth: int = 0) -> Any:
     if isinstance(value, (set, frozenset)):
         return sorted((to_plain(v, d) for v in value), key=_order)
     if isinstance(value, dict):
-        return {str(k): v if type(v) in _SCALARS else to_plain(v, d) for k, v in value.items()}
+        # str keys (nearly every dict) take one pass; a single key that reads as the tag would be
+        # decoded by loads(), so that dict is tagged too
+        if all(type(k) is str for k in value) and not (len(value) == 1 and DICT_TAG in value):
+            return {k: v if type(v) in _SCALARS else to_plain(v, d) for k, v in value.items()}
+        return _keyed(value, d)
     if type(value) is Stub:
         out = {"__type__": value._vc_type[0]}
         for name, v in value.__dict__.items():  # in the dataclass's field order
@@ -147,5 +167,27 @@ def dumps(value: Any) -> str | None:
     return _ENCODER.encode(to_plain(value))
 
 
+def _key(plain: Any) -> Any:
+    """A tagged dict's key back: a list (a tuple once) as a tuple, since a key cannot be a list;
+    an object (a dataclass key, say), which cannot be a key, as its JSON text."""
+    if isinstance(plain, list):
+        return tuple(_key(k) for k in plain)
+    if isinstance(plain, dict):
+        return _ENCODER.encode(to_plain(plain))
+    return plain
+
+
+def _untag(obj: dict) -> Any:
+    if len(obj) == 1 and DICT_TAG in obj:
+        pairs = obj[DICT_TAG]
+        if isinstance(pairs, list) and all(isinstance(p, list) and len(p) == 2 for p in pairs):
+            return {_key(k): v for k, v in pairs}
+    return obj
+
+
 def loads(text: str | None) -> Any:
-    return None if text is None else json.loads(text)
+    """The value of dumps()'s JSON, with the keys of tagged dicts as they were: for plain data
+    (None, bool, int, float, str, and lists and dicts of them, dict keys of any of the scalar
+    types) loads(dumps(x)) == x. JSON of older traces, whose int keys were written as strings,
+    reads as it always did."""
+    return None if text is None else json.loads(text, object_hook=_untag)

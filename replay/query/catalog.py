@@ -5,27 +5,38 @@
     -- title: one line
     -- why: what breaks in the worker (may continue on lines indented after `--`)
     -- relies_on: the vLLM file and function that depend on it
-    -- needs: tables/views the query reads (a check is skipped when its trace lacks one)
+    -- needs: tables/views the query reads (a check is skipped when its trace lacks one;
+    --        `name (if present)`: read, but an absent table reads as empty instead)
     -- columns: engine, step, req_id, details
     -- note: optional, what the query deliberately does not report
     SELECT engine, step, req_id, details FROM ...
 
-Users add checks in the same format with `--invariants DIR`.
+Users add checks in the same format with `--invariants DIR`. Loading checks each `needs:`
+against what its query reads (DuckDB's own parser lists the tables): a table the query reads but
+`needs:` omits would make a trace without it fail instead of skipping the check, and a name it lists
+but never reads would skip the check for nothing.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 
+import duckdb
+
+from vllm_contract import schema
 from vllm_contract.errors import TraceError
 from vllm_contract.findings import SEVERITIES
+from vllm_contract.replay.query.views import SHARED_VIEWS, VIEW_DOCS, derived_sql
 
 BUILTIN_DIR = Path(__file__).resolve().parent / "invariants"
 REQUIRED = ("id", "severity", "title", "why", "relies_on", "needs")
 _KEY = re.compile(r"^--\s*([a-z_]+):\s*(.*)$")
 _ID = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z0-9_]+)+$")
+_OPTIONAL = "(if present)"
 
 
 @dataclass
@@ -40,6 +51,8 @@ class Invariant:
     path: Path
     note: str = ""
     meta: dict = field(default_factory=dict)
+    # read when the trace has them (the query copes with their absence): never a reason to skip
+    optional: list[str] = field(default_factory=list)
 
 
 def parse(path: Path) -> Invariant:
@@ -74,24 +87,105 @@ def parse(path: Path) -> Invariant:
     sql = "\n".join(body).strip().rstrip(";")
     if not sql:
         raise TraceError(f"{path}: malformed check: no query after the header")
-    needs = [n.strip() for n in meta["needs"].split(",") if n.strip()]
+    needs, optional = [], []
+    for name in (n.strip() for n in meta["needs"].split(",")):
+        if name.endswith(_OPTIONAL):
+            optional.append(name[:-len(_OPTIONAL)].strip())
+        elif name:
+            needs.append(name)
     return Invariant(id=meta["id"], severity=meta["severity"], title=meta["title"],
                      why=meta["why"], relies_on=meta["relies_on"], needs=needs, sql=sql,
-                     path=path, note=meta.get("note", ""), meta=meta)
+                     path=path, note=meta.get("note", ""), meta=meta, optional=optional)
+
+
+def reads(sql: str, con: duckdb.DuckDBPyConnection) -> set[str]:
+    """The tables and views a query reads, as DuckDB's parser sees it (the parser that runs it):
+    every table reference but those naming a common table expression in scope."""
+    parsed = json.loads(con.execute("SELECT json_serialize_sql(?)", [sql]).fetchone()[0])
+    if parsed.get("error"):
+        raise ValueError(f"{parsed.get('error_type')}: {parsed.get('error_message')}")
+    found: set[str] = set()
+
+    def walk(node, ctes: frozenset) -> None:
+        if isinstance(node, list):
+            for v in node:
+                walk(v, ctes)
+            return
+        if not isinstance(node, dict):
+            return
+        if (node.get("type") == "BASE_TABLE" and node.get("schema_name") in ("", "main", None)
+                and node.get("table_name", "").lower() not in ctes):
+            found.add(node["table_name"].lower())
+        cte_map = node.get("cte_map")
+        if isinstance(cte_map, dict):
+            for entry in cte_map.get("map", []):  # each sees the ones before it
+                walk(entry.get("value"), ctes)
+                ctes = ctes | {entry["key"].lower()}
+        for key, v in node.items():
+            if key != "cte_map":
+                walk(v, ctes)
+
+    walk(parsed.get("statements"), frozenset())
+    return found
+
+
+@lru_cache(maxsize=1)
+def _view_reads() -> dict[str, frozenset]:
+    """What each derived view reads, and the views the checker stores before it (SHARED_VIEWS):
+    a check may list those in `needs` to have them stored once per run."""
+    out = {}
+    with duckdb.connect() as con:
+        for sql in derived_sql(["engine"]):
+            m = re.match(r"\s*CREATE VIEW (\w+) AS\s", sql)
+            out[m.group(1)] = frozenset(reads(sql[m.end():], con))
+    for name, stored in SHARED_VIEWS.items():
+        out[name] = out.get(name, frozenset()) | frozenset(stored)
+    return out
+
+
+def check_needs(inv: Invariant, con: duckdb.DuckDBPyConnection) -> None:
+    """TraceError unless `needs` lists exactly what the query reads: every table and view it
+    reads, and nothing that it reads neither itself nor through a view it reads."""
+    try:
+        direct = reads(inv.sql, con)
+    except (ValueError, duckdb.Error) as e:
+        raise TraceError(f"{inv.path}: malformed check: its query does not parse as a "
+                         f"SELECT ({' '.join(str(e).split())})") from None
+    known = set(schema.TABLE_NAMES) | set(VIEW_DOCS)
+    declared = inv.needs + inv.optional
+    through, todo = set(), list(direct)
+    while todo:
+        name = todo.pop()
+        if name not in through:
+            through.add(name)
+            todo += _view_reads().get(name, ())
+    problems = []
+    if unknown := sorted(set(declared) - known):
+        problems.append(f"needs {', '.join(unknown)}, which no trace has")
+    if undeclared := sorted((direct & known) - set(declared)):
+        problems.append(f"`needs:` lacks {', '.join(undeclared)}, which its query reads")
+    if unread := sorted((set(declared) & known) - through):
+        problems.append(f"`needs:` lists {', '.join(unread)}, which its query never reads")
+    if strange := sorted(direct - known):
+        problems.append(f"reads {', '.join(strange)}, which no trace has")
+    if problems:
+        raise TraceError(f"{inv.path}: malformed check: {'; '.join(problems)}")
 
 
 def load(extra_dirs: list[Path] | None = None, builtin: bool = True) -> list[Invariant]:
     dirs = ([BUILTIN_DIR] if builtin else []) + [Path(d) for d in extra_dirs or []]
     found: dict[str, Invariant] = {}
-    for d in dirs:
-        if not d.is_dir():
-            raise TraceError(f"{d}: no such invariants directory")
-        for path in sorted(d.glob("*.sql")):
-            inv = parse(path)
-            if inv.id in found:
-                raise TraceError(f"{path}: duplicate check id {inv.id!r} "
-                                 f"(also in {found[inv.id].path})")
-            found[inv.id] = inv
+    with duckdb.connect() as con:
+        for d in dirs:
+            if not d.is_dir():
+                raise TraceError(f"{d}: no such invariants directory")
+            for path in sorted(d.glob("*.sql")):
+                inv = parse(path)
+                if inv.id in found:
+                    raise TraceError(f"{path}: duplicate check id {inv.id!r} "
+                                     f"(also in {found[inv.id].path})")
+                check_needs(inv, con)
+                found[inv.id] = inv
     return sorted(found.values(), key=lambda i: i.id)
 
 
@@ -100,13 +194,17 @@ def markdown(invariants: list[Invariant]) -> str:
     out = ["<!-- generated by `python -m vllm_contract.replay.query.catalog`; edit the .sql headers -->",
            "", "# The invariant catalog", "",
            "Each check is a SQL file in `replay/query/invariants/`; its header is the documentation "
-           "below. A finding names the invariant, the engine, the step and the request.", "",
+           "below. A finding names the invariant, the engine, the step and the request. "
+           "`Needs` lists the tables and views a check reads (checked when the catalog loads): "
+           "on a trace that lacks one of those tables the check is skipped, except for those "
+           "it reads when present, which an absent table leaves empty.", "",
            "| id | severity | title |", "|---|---|---|"]
     out += [f"| `{i.id}` | {i.severity} | {i.title} |" for i in invariants]
     for i in invariants:
         out += ["", f"## `{i.id}` ({i.severity})", "", i.title + ".", "",
                 f"- Why it matters: {i.why}", f"- Relied on by: {i.relies_on}",
-                f"- Needs: {', '.join(i.needs) or '-'}"]
+                f"- Needs: {', '.join(i.needs) or '-'}"
+                + (f"; reads when present: {', '.join(i.optional)}" if i.optional else "")]
         if i.note:
             out.append(f"- Not reported: {i.note}")
         out.append(f"- Source: `replay/query/invariants/{i.path.name}`")

@@ -4,7 +4,7 @@
 -- why: Block ids index the KV cache tensors directly; on CPU they are not bounds-checked, and an
 --      id past the end segfaulted or hung the worker here.
 -- relies_on: vllm/v1/worker/block_table.py BlockTable.append_row / add_row
--- needs: scheduled, grants
+-- needs: scheduled, grants, engines
 -- columns: engine, step, req_id, details
 WITH ids AS (
     SELECT engine, step, req_id, UNNEST(block_ids) AS block_id FROM grants

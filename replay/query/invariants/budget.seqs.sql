@@ -3,7 +3,7 @@
 -- title: a step schedules more requests than max_num_seqs
 -- why: The persistent batch has max_num_seqs slots; one more request has nowhere to go.
 -- relies_on: vllm/v1/worker/gpu_input_batch.py InputBatch.add_request
--- needs: scheduled, step_totals
+-- needs: scheduled, step_totals, engines
 -- columns: engine, step, req_id (NULL), details
 SELECT p.engine, p.step, CAST(NULL AS VARCHAR) AS req_id,
        CAST(p.n AS VARCHAR) || ' requests > max_num_seqs ' || CAST(e.max_num_seqs AS VARCHAR)

@@ -4,7 +4,7 @@
 -- why: Worker buffers (input ids, positions, attention metadata) are allocated for the token
 --      budget at start-up; a larger batch overflows them.
 -- relies_on: vllm/v1/worker/gpu_model_runner.py GPUModelRunner.__init__ (buffer sizes)
--- needs: steps
+-- needs: steps, engines
 -- columns: engine, step, req_id (NULL), details
 SELECT s.engine, s.step, CAST(NULL AS VARCHAR) AS req_id,
        CAST(s.total_num_scheduled_tokens AS VARCHAR) || ' tokens > max_num_batched_tokens '

@@ -5,7 +5,7 @@
 --      an id that never arrives leaks that state (and its persistent-batch slot) for good.
 -- relies_on: vllm/v1/core/sched/scheduler.py Scheduler._free_request (finished_req_ids);
 --            vllm/v1/worker/gpu_model_runner.py GPUModelRunner._update_states
--- needs: steps, finished, finish_events
+-- needs: steps, finished, finish_events, transport (if present)
 -- columns: engine, step, req_id, details
 -- note: finished ids travel with the next step scheduled after the finish, often a zero-token
 --       step that LLM.generate() does not wait for: a finish with no such step in the trace is

@@ -4,7 +4,7 @@
 -- why: The worker keeps every introduced request until its id arrives in finished_req_ids; one
 --      the scheduler forgot stays in the worker's caches for the life of the process.
 -- relies_on: vllm/v1/worker/gpu_model_runner.py GPUModelRunner._update_states (self.requests)
--- needs: steps, instances, finished, finish_events
+-- needs: steps, instances, finished, finish_events, engines
 -- columns: engine, step, req_id, details
 -- note: only for a cleanly closed trace whose last step shows the scheduler idle (nothing running
 --       or waiting); a request with a finish event whose delivery fell after the trace's end is

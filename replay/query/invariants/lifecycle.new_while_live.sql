@@ -4,7 +4,7 @@
 -- why: The worker treats a scheduled_new_reqs entry for a cached id as a streaming update and
 --      keeps the old state (output tokens, block table): the scheduler meant a new request.
 -- relies_on: vllm/v1/worker/gpu_model_runner.py GPUModelRunner._update_streaming_request
--- needs: requests, finished, finish_events
+-- needs: requests, finished, finish_events, instances
 -- columns: engine, step, req_id, details
 -- note: a streaming-input session (resumable request) is re-sent as new after each turn the
 --       engine finished (a finish event) without freeing it: that is a streaming update, not a

@@ -4,7 +4,7 @@
 -- why: For every scheduled_cached_reqs entry the worker looks up self.requests[req_id]: an id
 --      never sent in scheduled_new_reqs is a KeyError deep in the model runner.
 -- relies_on: vllm/v1/worker/gpu_model_runner.py GPUModelRunner._update_states
--- needs: scheduled, runs, run_ids, finished
+-- needs: scheduled, runs, run_ids, finished, engines
 -- columns: engine, step, req_id, details
 -- note: a trace started by attaching to a running engine (engines.attached_mid_stream) began with
 --       requests already introduced; those are not blamed unless their id was freed before.

@@ -3,7 +3,7 @@
 -- title: computed plus scheduled tokens run past max_model_len
 -- why: Positions past max_model_len index beyond the rotary tables and the block table's width.
 -- relies_on: vllm/v1/worker/block_table.py BlockTable (max_num_blocks_per_req)
--- needs: scheduled, step_totals
+-- needs: scheduled, step_totals, engines
 -- columns: engine, step, req_id, details
 WITH long_steps AS (
     -- only a step whose longest row (step_totals) passes its engine's limit has rows to report:
