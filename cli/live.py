@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import json
+import math
 import os
 import signal
 import subprocess
@@ -33,6 +34,8 @@ def _options(redact_prompts: bool, max_trace_bytes: Optional[str], flush_seconds
              flush_steps: Optional[int], max_pending_bytes: Optional[str]) -> dict[str, str]:
     """Recording options as the environment names the plugin reads, validated here."""
     raw, flags = {}, {}
+    if flush_seconds is not None and not (math.isfinite(flush_seconds) and flush_seconds > 0):
+        fail(f"--flush-seconds must be a finite number more than 0, got {flush_seconds}")
     if redact_prompts:
         raw["VLLM_CONTRACT_REDACT_PROMPTS"] = "1"
     for env, flag, value in (
@@ -50,6 +53,8 @@ def _options(redact_prompts: bool, max_trace_bytes: Optional[str], flush_seconds
         for env, flag in flags.items():
             msg = msg.replace(env + "=", flag + " ")
         fail(msg)
+    except OverflowError:  # a size with more digits than a float holds
+        fail(f"{' or '.join(flags.values())}: a number too large to use")
     return raw
 
 
@@ -254,8 +259,13 @@ def attach(
     """Start recording a running engine at its next step boundary, without a restart."""
     if steps is not None and seconds is not None:
         fail("attach: give --steps or --seconds, not both")
-    if seconds is not None and not seconds > 0:
-        fail(f"attach: --seconds must be more than 0, got {seconds}")
+    from vllm_contract.recorder.control import MAX_SECONDS, MAX_STEPS
+
+    if seconds is not None and not 0 < seconds <= MAX_SECONDS:  # NaN fails this too
+        fail(f"attach: --seconds must be a finite number more than 0 and at most "
+             f"{MAX_SECONDS}, got {seconds}")
+    if steps is not None and steps > MAX_STEPS:
+        fail(f"attach: --steps must be at most {MAX_STEPS}, got {steps}")
     out = _check_out(out)
     options = _options(redact_prompts, max_trace_bytes, flush_seconds, flush_steps,
                        max_pending_bytes)
