@@ -7,7 +7,7 @@ STAMP := $(VENV)/.vllm-contract-installed
 # The tiny local model is built once into the checkout's .cache/.
 export VLLM_CONTRACT_CACHE ?= $(CURDIR)/.cache
 
-.PHONY: setup test demo bench samples docs clean
+.PHONY: setup test demo bench fuzz samples docs clean
 
 setup: $(STAMP)
 
@@ -32,6 +32,10 @@ bench: $(STAMP)
 	$(PY) bench/recorder_overhead.py
 	$(PY) bench/recorder_runs.py
 	$(PY) bench/live_overhead.py
+
+# The readers against many damaged copies of the samples (the suite runs a few dozen).
+fuzz: $(STAMP)
+	$(PY) bench/fuzz_reader.py --cases $${FUZZ_CASES:-1000}
 
 samples: $(STAMP)
 	$(PY) samples/regenerate.py

@@ -30,7 +30,7 @@ SAME = ["tokens.total_mismatch", "tokens.nonpositive", "tokens.duplicate_request
         "lifecycle.unknown_cached", "lifecycle.scheduled_after_finish", "finished.and_scheduled",
         "finished.leaked", "computed.progress", "outputs.ids_mismatch"]
 
-# The columns the checks read, per table (tests/test_bench_scan.py holds this to what DuckDB's
+# The columns the checks read, per table (tests/query/test_bench_scan.py holds this to what DuckDB's
 # plans of the catalog read). Of the list columns, `encoder_inputs` the catalog reads only
 # where row-group statistics let DuckDB skip it on a trace without encoder inputs, so it never
 # decodes it there, while this scan does (about 0.65 s at a million steps); `spec_token_ids`
@@ -38,17 +38,20 @@ SAME = ["tokens.total_mismatch", "tokens.nonpositive", "tokens.duplicate_request
 SCAN_COLUMNS = {
     "scheduled": ("step", "req_id", "kind", "pos", "num_scheduled_tokens", "num_computed_tokens",
                   "num_output_tokens", "new_block_ids", "spec_token_ids", "encoder_inputs"),
-    "model_outputs": ("step", "req_id", "sampled_token_ids"),
+    "model_outputs": ("step", "req_id", "pos", "sampled_token_ids"),
     "steps": ("step", "t_ns", "total_num_scheduled_tokens", "num_running", "num_waiting",
               "num_new", "num_cached", "num_finished"),
     "requests": ("step", "req_id", "prompt_len"),
     "finished": ("step", "req_id"),
-    "finish_events": ("step", "req_id", "t_ns"),
+    "finish_events": ("step", "req_id", "reason", "source", "t_ns"),
     "preempted": ("step", "req_id"),
     "freed_mm": ("step", "mm_hash"),
-    "mm_inputs": ("step", "req_id", "pos", "identifier"),
+    "mm_inputs": ("step", "req_id", "pos", "identifier", "offset", "length"),
     "transport": ("step", "event", "seq"),
     "updates": ("step", "t_ns"),
+    "extra_fields": ("step", "owner", "field", "value_json"),
+    "redacted": ("step",),
+    "malformed_steps": ("step", "stage", "error"),
 }
 
 

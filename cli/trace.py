@@ -31,8 +31,11 @@ def _fmt_ns(ns: int | None) -> str:
         return "-"
     import datetime
 
-    return datetime.datetime.fromtimestamp(ns / 1e9, datetime.timezone.utc).isoformat(
-        timespec="seconds")
+    try:
+        return datetime.datetime.fromtimestamp(ns / 1e9, datetime.timezone.utc).isoformat(
+            timespec="seconds")
+    except (OverflowError, ValueError, OSError):  # a damaged time, past year 9999
+        return f"{ns} ns"
 
 
 @app.command()
@@ -45,8 +48,8 @@ def info(trace: Annotated[Path, typer.Argument(help="Trace directory (a root or 
 
     try:
         t = _open(trace)
-        s = summary(t)
         with Gateway(t) as gw:  # the SQL views `sql` and `check` see, all engines together
+            s = summary(t, gw)  # its integrity checks are `check`'s
             s["views"] = gw.counts()
     except TraceError as e:
         fail(e)
@@ -104,7 +107,7 @@ def compact(trace: Annotated[Path, typer.Argument(help="Trace directory.")]) -> 
                 typer.echo("", err=True)
     except TraceError as e:
         fail(e)
-    for w in t.warnings:
+    for w in t.warnings + t.problems:
         warn(w)
     before, after = stats["bytes_before"], stats["bytes_after"]
     typer.echo(f"compacted {stats['compacted']} segment(s): {before} → {after} bytes"

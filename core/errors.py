@@ -2,4 +2,8 @@
 
 
 class TraceError(Exception):
-    """Unusable input. The message is one line, fit to print as is."""
+    """Unusable input. The message is one line, fit to print as is: newlines and runs of
+    whitespace in it (pyarrow's and DuckDB's messages span several lines) become one space."""
+
+    def __init__(self, message: object = "") -> None:
+        super().__init__(" ".join(str(message).split()))

@@ -202,9 +202,28 @@ TABLES: dict[str, tuple[str, pa.Schema]] = {
             _col("sha256", _STR, "Hex SHA-256 of the token ids as little-endian int64."),
         ]),
     ),
+    "malformed_steps": (
+        "Quarantine: one row per step the recorder could not put in the other tables (a "
+        "SchedulerOutput of the wrong shape: parallel lists of unequal length, None for a list, "
+        "a value of the wrong type), kept whole in plain form; none of its rows are in the "
+        "other tables. Also the model output of such a step (stage 'update').",
+        pa.schema([
+            _STEP,
+            _col("t_ns", _I64, "When the recorder met it (the recorder's clock)."),
+            _col("stage", _STR, "Where it failed: 'snapshot' (taking it in schedule()), 'rows' "
+                 "(turning it into rows), 'arrow' (a value Arrow cannot store), or 'update' (the "
+                 "model output of a quarantined step)."),
+            _col("error", _STR, "Why, one line."),
+            _col("plain_json", _STR, "The whole object in plain-data JSON (as the recorder held "
+                 "it: the SchedulerOutput, its snapshot, or its rows)."),
+        ]),
+    ),
 }
 
 TABLE_NAMES = tuple(TABLES)
+# Tables added to format 1 after its first traces: a trace without one had nothing to put in it
+# (no quarantined step), so it counts as present and empty, and no check that needs it is skipped.
+ADDED_TABLES = ("malformed_steps",)
 
 
 def schema(table: str) -> pa.Schema:

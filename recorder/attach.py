@@ -157,12 +157,16 @@ class Recorder:
                 state = (len(s.running), len(s.waiting), s.kv_cache_manager.usage)
                 step = self.step
                 self.step += 1
-                if self._raw:
-                    kept = self.writer.submit("schedule", step, now_ns(), t1 - t0, state, out)
-                else:
-                    snap = snapshot.scheduler_output(out, self.fields)
-                    kept = self.writer.submit("schedule", step, now_ns(), t1 - t0, state,
-                                              snap, cost=_cost(snap))
+                try:
+                    if self._raw:
+                        kept = self.writer.submit("schedule", step, now_ns(), t1 - t0, state, out)
+                    else:
+                        snap = snapshot.scheduler_output(out, self.fields)
+                        kept = self.writer.submit("schedule", step, now_ns(), t1 - t0, state,
+                                                  snap, cost=_cost(snap))
+                except Exception as e:  # a malformed output: quarantined, recording goes on
+                    kept = self.writer.submit("malformed", step, now_ns(), "snapshot",
+                                              f"{type(e).__name__}: {e}", snapshot.plain_form(out))
                 # A dropped step (writer behind) keeps no model output either: no orphan rows.
                 if kept:
                     self._inflight[id(out)] = [step, out, None]

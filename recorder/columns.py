@@ -71,17 +71,28 @@ class Column:
             self.counts.append(count)
         self.n += count
 
-    def drain(self) -> pa.Array:
-        try:
-            return self._convert()
-        finally:
-            # Emptied in place, never replaced: a new list of 16k ids every flush would be
-            # young again, and the engine's collections would walk it until it aged out.
-            self.values.clear()
-            self.counts.clear()
-            self.n = 0
+    def clear(self) -> None:
+        # Emptied in place, never replaced: a new list of 16k ids every flush would be
+        # young again, and the engine's collections would walk it until it aged out.
+        self.values.clear()
+        self.counts.clear()
+        self.n = 0
 
-    def _convert(self) -> pa.Array:
+    def truncate(self, n: int) -> None:
+        """Drop the rows from row n on (a step that failed part-way through its rows)."""
+        while self.n > n:
+            extra = self.n - n
+            if self.counts[-1] > extra:
+                self.counts[-1] -= extra
+                self.n = n
+            else:
+                self.n -= self.counts.pop()
+                self.values.pop()
+
+    def pylist(self) -> list:
+        return [v for v, c in zip(self.values, self.counts) for _ in range(c)]
+
+    def to_array(self) -> pa.Array:
         values, counts, n = self.values, self.counts, self.n
         if len(values) == n:  # no runs
             return pa.array(values, self.type)
@@ -150,9 +161,22 @@ class IntColumn:
             value = 0
         self.values.extend(array("q", (value,)) * count)
 
-    def drain(self) -> pa.Array:
-        values, runs, nulls = self.values, self.null_runs, self.null_count
+    def clear(self) -> None:
         self.values, self.null_runs, self.null_count = array("q"), [], 0
+
+    def truncate(self, n: int) -> None:
+        del self.values[n:]
+        self.null_runs = [(f, min(c, n - f)) for f, c in self.null_runs if f < n]
+        self.null_count = sum(c for _, c in self.null_runs)
+
+    def pylist(self) -> list:
+        out: list = self.values.tolist()
+        for first, count in self.null_runs:
+            out[first:first + count] = [None] * count
+        return out
+
+    def to_array(self) -> pa.Array:
+        values, runs, nulls = self.values, self.null_runs, self.null_count
         n = len(values)
         if nulls and nulls == n:
             return pa.nulls(n, self.type)
@@ -190,10 +214,26 @@ class FlatListColumn:
             lst = []
         self.extend_flat(list(lst), [len(lst)])
 
-    def drain(self) -> pa.Array:
-        n, values, lengths, nulls = self.n, self.values, self.lengths, self.nulls
+    def clear(self) -> None:
         self.values, self.lengths, self.nulls, self.n = array("q"), array("i"), [], 0
-        lengths.insert(0, 0)
+
+    def truncate(self, n: int) -> None:
+        if self.n > n:
+            del self.values[sum(self.lengths[:n]):]
+            del self.lengths[n:]
+            self.nulls = [i for i in self.nulls if i < n]
+            self.n = n
+
+    def pylist(self) -> list:
+        out, at, nulls = [], 0, set(self.nulls)
+        for i, k in enumerate(self.lengths):
+            out.append(None if i in nulls else self.values[at:at + k].tolist())
+            at += k
+        return out
+
+    def to_array(self) -> pa.Array:
+        n, values, nulls = self.n, self.values, self.nulls
+        lengths = array("i", [0]) + self.lengths
         offsets = pc.cumulative_sum(pa.Array.from_buffers(pa.int32(), n + 1,
                                                           [None, pa.py_buffer(lengths)]))
         flat = pa.Array.from_buffers(pa.int64(), len(values), [None, pa.py_buffer(values)])
@@ -220,10 +260,18 @@ class RowTable:
     def __len__(self) -> int:
         return len(self.rows)
 
-    def drain(self, pause=None) -> list[pa.Array]:
+    def clear(self) -> None:
+        self.rows.clear()  # in place, as Column.clear
+
+    def truncate(self, n: int) -> None:
+        del self.rows[n:]
+
+    def pylists(self) -> list[list]:
+        return [list(c) for c in zip(*self.rows)] if self.rows else [[] for _ in self.types]
+
+    def to_arrays(self, pause=None) -> list[pa.Array]:
         rows = self.rows
         columns = list(zip(*rows)) if rows else [()] * len(self.types)
-        rows.clear()  # in place, as Column.drain
         out = []
         for values, typ in zip(columns, self.types):
             out.append(pa.array(values, typ))
@@ -241,4 +289,5 @@ def warm_up() -> None:
                       (FlatListColumn(pa.list_(pa.int64())), lambda c: (c.extend_flat([1], [1]),
                                                                         c.append(None)))):
         fill(col)
-        col.drain()
+        col.to_array()
+        col.clear()

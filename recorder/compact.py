@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 
 from vllm_contract import schema
 from vllm_contract.recorder.segments import write_json_atomic
-from vllm_contract.trace import EngineTrace, Trace, read_segment
+from vllm_contract.trace import PAGE_CHECKSUMS_KEY, EngineTrace, Trace, read_segment
 
 
 def _writer_alive(manifest: dict) -> bool:
@@ -32,8 +32,10 @@ def compact_engine(e: EngineTrace, on_file=None) -> dict:
     stream it describes, so it is kept in the manifest (compaction_warnings)."""
     live = _writer_alive(e.manifest)
     seen = len(e.warnings)
-    stats = {"compacted": 0, "skipped_live": 0, "bytes_before": 0, "bytes_after": 0}
-    for table in schema.TABLE_NAMES:
+    stats = {"compacted": 0, "skipped_live": 0, "skipped_damaged": 0, "bytes_before": 0,
+             "bytes_after": 0}
+    # `steps` last: its streams say where the other tables' flushes end (committed_rows)
+    for table in sorted(schema.TABLE_NAMES, key=lambda t: t == "steps"):
         for path in (e.dir / table).glob(f"*{schema.SEGMENT_SUFFIX}"):
             if path.with_suffix(schema.PARQUET_SUFFIX).exists():  # a crash mid-compaction
                 path.unlink()
@@ -42,12 +44,25 @@ def compact_engine(e: EngineTrace, on_file=None) -> dict:
             stats["skipped_live"] += 1
             streams = streams[:-1]  # the writer still appends to the newest one
         for path in streams:
-            data = read_segment(path, e.warnings)
+            damaged: list[str] = []
+            data = read_segment(path, e.warnings, problems=damaged, root=e.root or e.dir,
+                                keep_rows=e.committed_rows(path))
+            if damaged:
+                # A Parquet file made from it would carry fresh checksums over the damage:
+                # the stream stays, and keeps failing its checksum where the checks see it.
+                e.problems.extend(p for p in damaged if p not in e.problems)
+                stats["skipped_damaged"] += 1
+                continue
             target = path.with_suffix(schema.PARQUET_SUFFIX)
             stats["bytes_before"] += path.stat().st_size
             if data is not None:
                 tmp = path.with_name(f".{path.stem}.tmp-{os.getpid()}{schema.PARQUET_SUFFIX}")
-                pq.write_table(data.cast(schema.schema(table)), tmp, compression="zstd")
+                # page checksums: the reader verifies them (DuckDB, which reads these files for
+                # the checks, does not: the gateway verifies each file first)
+                data = data.cast(schema.schema(table))
+                data = data.replace_schema_metadata(
+                    {**(data.schema.metadata or {}), PAGE_CHECKSUMS_KEY: b"crc32"})
+                pq.write_table(data, tmp, compression="zstd", write_page_checksum=True)
                 os.replace(tmp, target)
                 stats["bytes_after"] += target.stat().st_size
             path.unlink()

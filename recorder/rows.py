@@ -10,7 +10,7 @@ from typing import Any
 import pyarrow as pa
 
 from vllm_contract import schema
-from vllm_contract.plain import dumps
+from vllm_contract.plain import dumps, to_plain
 from vllm_contract.recorder.columns import Column, FlatListColumn, IntColumn, RowTable
 from vllm_contract.recorder.snapshot import Scheduled
 
@@ -26,6 +26,14 @@ def token_hash(ids) -> str:
         a.byteswap()
     return hashlib.sha256(a.tobytes()).hexdigest()
 
+
+# Tables a step's schedule() output writes rows to (besides `steps`): undone together when a
+# step fails part-way.
+_SCHEDULE_TABLES = ("scheduled", "requests", "mm_inputs", "finished", "preempted", "freed_mm",
+                    "extra_fields", "redacted")
+
+# Tables a quarantined step's rows stay in: the engine's own events of it, and the quarantine.
+_KEPT_WHOLE = ("finish_events", "malformed_steps")
 
 # Tables kept as row tuples (RowTable), in exactly this column order; checked against the
 # schema when Columns is built, so that a schema change cannot silently shift values.
@@ -59,6 +67,8 @@ class Columns:
         self._updates = self.row_tables["updates"].rows
         self._transport = self.row_tables["transport"].rows
         self.steps = 0
+        self.quarantined: set[int] = set()  # steps in malformed_steps: their update goes there too
+        self.salvaged = 0  # steps taken out at a flush (their steps row had been counted)
         # Bound append of every column, per table: _add() runs for every new row.
         self._appends = {t: [(name, col.append) for name, col in cols.items()]
                          for t, cols in self.cols.items()}
@@ -70,26 +80,81 @@ class Columns:
 
     def drain(self, pause=None) -> dict[str, pa.RecordBatch]:
         """One batch per table with rows (and always `steps`). `pause()` is called between
-        columns: converting a column holds the GIL, and the writer lets the engine in."""
+        columns: converting a column holds the GIL, and the writer lets the engine in. A step
+        with a value Arrow cannot store is taken out of every table and quarantined whole."""
+        try:
+            try:
+                out = self._batches(pause)
+            except (pa.ArrowException, TypeError, ValueError, OverflowError):
+                out = self._salvage()
+        finally:
+            for table in self.row_tables.values():
+                table.clear()
+            for cols in self.cols.values():
+                for col in cols.values():
+                    col.clear()
+        self.steps = 0
+        return out
+
+    def _batches(self, pause) -> dict[str, pa.RecordBatch]:
         out = {}
         for table in schema.TABLE_NAMES:
             if not self.rows(table) and table != "steps":
                 continue
             sch = schema.schema(table)
             if table in self.row_tables:
-                arrays = self.row_tables[table].drain(pause)
+                arrays = self.row_tables[table].to_arrays(pause)
             else:
                 cols = self.cols[table]
                 arrays = []
                 for f in sch:
-                    arrays.append(cols[f.name].drain())
+                    arrays.append(cols[f.name].to_array())
                     if pause is not None:
                         pause()
             out[table] = pa.RecordBatch.from_arrays(arrays, schema=sch)
-        self.steps = 0
-        self._steps = self.row_tables["steps"].rows
-        self._updates = self.row_tables["updates"].rows
-        self._transport = self.row_tables["transport"].rows
+        return out
+
+    def _pylists(self, table: str) -> dict[str, list]:
+        names = schema.schema(table).names
+        if table in self.row_tables:
+            return dict(zip(names, self.row_tables[table].pylists()))
+        return {name: self.cols[table][name].pylist() for name in names}
+
+    def _salvage(self) -> dict[str, pa.RecordBatch]:
+        """The slow way, taken only when a flush's conversion failed: find the rows Arrow
+        cannot store, quarantine their steps (every table's rows of them), keep the rest."""
+        data = {t: self._pylists(t) for t in schema.TABLE_NAMES}
+        bad: dict[int, str] = {}
+        for table, cols in data.items():
+            for f in schema.schema(table):
+                try:
+                    pa.array(cols[f.name], f.type)
+                    continue
+                except (pa.ArrowException, TypeError, ValueError, OverflowError):
+                    pass
+                for i, v in enumerate(cols[f.name]):
+                    try:
+                        pa.array([v], f.type)
+                    except (pa.ArrowException, TypeError, ValueError, OverflowError) as e:
+                        bad.setdefault(cols["step"][i], f"{table}.{f.name}: {v!r} is not "
+                                       f"{f.type} ({type(e).__name__}: {e})")
+        for step, why in sorted(bad.items()):
+            whole = {t: [dict(zip(c, row)) for row in zip(*c.values()) if row[0] == step]
+                     for t, c in data.items()}
+            t_ns = whole["steps"][0]["t_ns"] if whole["steps"] else None
+            row = self._malformed_row(step, t_ns, "arrow", why,
+                                      {t: r for t, r in whole.items() if r})
+            for k, v in row.items():
+                data["malformed_steps"][k].append(v)
+            self.salvaged += bool(whole["steps"])
+        self.quarantined.update(bad)
+        out = {}
+        for table, cols in data.items():
+            keep = [i for i, st in enumerate(cols["step"]) if st not in bad]
+            if table not in _KEPT_WHOLE and len(keep) < len(cols["step"]):
+                cols = {k: [v[i] for i in keep] for k, v in cols.items()}
+            if cols["step"] or table == "steps":
+                out[table] = pa.RecordBatch.from_pydict(cols, schema=schema.schema(table))
         return out
 
     def _add(self, table: str, **values: Any) -> None:
@@ -104,8 +169,48 @@ class Columns:
                       value_json=json.dumps(plain, sort_keys=True, separators=(",", ":")),
                       pickled=blob)
 
-    def add_schedule(self, step: int, t_ns: int, dur_ns: int, state: tuple, s: Scheduled) -> None:
+    def add_schedule(self, step: int, t_ns: int, dur_ns: int, state: tuple, s: Scheduled) -> bool:
+        """The step's rows in every table, or (False) none of them and the step quarantined:
+        one broken SchedulerOutput must not take the steps beside it down with it."""
+        mark = [len(self._steps)] + [len(self.cols[t]["step"]) for t in _SCHEDULE_TABLES]
+        try:
+            self._add_schedule(step, t_ns, dur_ns, state, s)
+            c = self.cols["scheduled"]
+            n = len(c["step"])
+            for name, col in c.items():
+                if len(col) != n:
+                    raise ValueError(f"scheduled.{name}: {len(col) - mark[1]} values for "
+                                     f"{n - mark[1]} requests")
+        except Exception as e:
+            del self._steps[mark[0]:]
+            for t, rows in zip(_SCHEDULE_TABLES, mark[1:]):
+                for col in self.cols[t].values():
+                    col.truncate(rows)
+            self.quarantine(step, t_ns, "rows", f"{type(e).__name__}: {e}", s)
+            return False
         self.steps += 1
+        return True
+
+    def quarantine(self, step: int, t_ns: int | None, stage: str, error: str, value: Any) -> None:
+        """Keep a step (or the update of one) that the other tables cannot take, whole."""
+        if stage != "update":
+            self.quarantined.add(step)
+        self._add("malformed_steps", **self._malformed_row(step, t_ns, stage, error, value))
+
+    @staticmethod
+    def _malformed_row(step: int, t_ns: int | None, stage: str, error: str, value: Any) -> dict:
+        if isinstance(value, Scheduled):
+            value = value._asdict()
+        try:
+            text = json.dumps(to_plain(value), sort_keys=True, separators=(",", ":"),
+                              default=repr)
+        except Exception as e:  # a value even plain() cannot take: what can be said of it
+            text = json.dumps({"__unencodable__": f"{type(e).__name__}: {e}"})
+        return {"step": step, "t_ns": t_ns, "stage": stage, "plain_json": text,
+                "error": " ".join(str(error).split())}
+
+    def _add_schedule(self, step: int, t_ns: int, dur_ns: int, state: tuple,
+                      s: Scheduled) -> None:
         running, waiting, usage = state
         self._steps.append((
             step, t_ns, dur_ns, s.total, len(s.new), len(s.req_ids), len(s.finished), running,
@@ -244,6 +349,11 @@ class Columns:
 
     def add_update(self, step: int, t_ns: int, dur_ns: int, m: dict, finishes: list,
                    transport: list = ()) -> None:
+        if step in self.quarantined:  # the finish events are the engine's: they stay
+            self.quarantine(step, t_ns, "update", "the model output of a quarantined step",
+                            {"model_output": m, "transport": transport})
+            self.add_finishes(step, t_ns, "update_from_output", finishes)
+            return
         req_ids = m["req_ids"]
         self._updates.append((step, t_ns, dur_ns, len(req_ids)))
         if transport:
@@ -268,6 +378,12 @@ class Columns:
         else:
             c["num_nans_in_logits"].repeat(None, n)
         self._extra(step, "ModelRunnerOutput", None, m["extra"])
+        index = m.get("index")
+        # update_from_output() finds each request's tokens through this map, not req_ids' order:
+        # kept (as extra_fields) only when it is not req_ids enumerated
+        if index is not None and dict(zip(req_ids, range(n))) != index:
+            self._extra(step, "ModelRunnerOutput", None,
+                        [("req_id_to_index", type(index).__name__, 0, to_plain(index), None)])
         self.add_finishes(step, t_ns, "update_from_output", finishes)
 
     def add_finishes(self, step: int, t_ns: int, source: str, finishes: list) -> None:

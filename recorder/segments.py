@@ -13,12 +13,17 @@ from pathlib import Path
 import pyarrow as pa
 
 from vllm_contract import schema
+from vllm_contract.trace import CHECKSUM_KEY, COMMITS_KEY, ROWS_KEY, batch_checksum
 
 
 def write_json_atomic(path: Path, data: dict) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a full disk must not leave half a manifest behind
+        raise
 
 
 def segment_path(engine_dir: Path, table: str, seq: int, suffix: str) -> Path:
@@ -46,7 +51,10 @@ class SegmentSet:
         for table in schema.TABLE_NAMES:
             sink = pa.OSFile(str(segment_path(self.dir, table, self.seq, schema.SEGMENT_SUFFIX)), "wb")
             self.sinks[table] = sink
-            self.writers[table] = pa.ipc.new_stream(sink, schema.schema(table))
+            sch = schema.schema(table)
+            if table == "steps":
+                sch = sch.with_metadata({**(sch.metadata or {}), COMMITS_KEY: b"1"})
+            self.writers[table] = pa.ipc.new_stream(sink, sch)
 
     def bytes_written(self) -> int:
         return sum(s.tell() for s in self.sinks.values())
@@ -54,12 +62,22 @@ class SegmentSet:
     def write(self, batches: dict[str, pa.RecordBatch]) -> bool:
         """Write one batch per table. OSFile is unbuffered: once this returns, the data is in
         the kernel and survives the death of this process. Returns whether a new segment was
-        opened (the old one is then closed)."""
+        opened (the old one is then closed). Each batch carries its checksum (custom metadata,
+        verified by the reader): a bit flipped on disk becomes a finding, not a wrong row."""
+        rows = {}
         for table, batch in batches.items():
-            if batch.num_rows:
-                self.writers[table].write_batch(batch)
+            if batch.num_rows and table != "steps":
+                self.writers[table].write_batch(
+                    batch, custom_metadata={CHECKSUM_KEY: batch_checksum(batch)})
+                rows[table] = batch.num_rows
+        # Last, and always: the flush's commit (see core/trace.py ROWS_KEY). A flush torn by a
+        # failure (a full disk) or a kill is then cut off by readers, not half read.
         steps = batches.get("steps")
-        if steps is not None and steps.num_rows:
+        if steps is None:
+            steps = pa.RecordBatch.from_pylist([], schema=schema.schema("steps"))
+        self.writers["steps"].write_batch(steps, custom_metadata={
+            CHECKSUM_KEY: batch_checksum(steps), ROWS_KEY: json.dumps(rows).encode()})
+        if steps.num_rows:
             col = steps.column("step")
             first, last = col[0].as_py(), col[-1].as_py()
             self.steps = [first, last] if self.steps is None else [self.steps[0], last]

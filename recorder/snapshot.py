@@ -183,6 +183,23 @@ def scheduler_output(so: Any, fields: Fields) -> Scheduled:
     )
 
 
+def plain_form(obj: Any, depth: int = 0) -> Any:
+    """to_plain() of a malformed output, field by field: a missing attribute or a field that
+    cannot be converted is named, never a reason to lose the rest."""
+    if not dataclasses.is_dataclass(obj) or depth > 2:
+        try:
+            return to_plain(obj)
+        except Exception as e:
+            return {"__unencodable__": f"{type(e).__name__}: {e}"}
+    out = {"__type__": type_name(obj)}
+    for f in dataclasses.fields(obj):
+        if not hasattr(obj, f.name):
+            out[f.name] = {"__missing__": True}
+        else:
+            out[f.name] = plain_form(getattr(obj, f.name), depth + 1)
+    return out
+
+
 def model_output(mro: Any, fields: Fields) -> dict:
     # Taken before update_from_output() runs: it trims (del lst[n:]) a sampled list that runs past
     # a stop (spec decode).
@@ -194,5 +211,8 @@ def model_output(mro: Any, fields: Fields) -> dict:
         "req_ids": tuple(mro.req_ids),
         "sampled": (_ints(list(chain.from_iterable(sampled))), _ints(list(map(len, sampled)), "i")),
         "nans": dict(mro.num_nans_in_logits) if mro.num_nans_in_logits else None,
+        # By reference: the model runner sends a fresh copy each step, and a dict of strs and
+        # ints is not tracked by the GC. Compared with req_ids in the writer (rows.add_update).
+        "index": getattr(mro, "req_id_to_index", None),
         "extra": _extras(mro, fields.extra["ModelRunnerOutput"], fields.pickle_opaque),
     }

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from vllm_contract import schema
 from vllm_contract.recorder.columns import warm_up
+from vllm_contract.recorder.reserve import Reserve
 from vllm_contract.recorder.rows import REDACTED_FIELDS, Columns
 from vllm_contract.recorder.segments import SegmentSet, write_json_atomic
 
@@ -162,7 +163,19 @@ class TraceWriter:
         self._items: deque = deque()  # append/popleft are atomic
         self._wake = threading.Event()
         self._stopping = False
-        self._segments = SegmentSet(self.dir, segment_bytes)
+        self._committed_step: int | None = None  # the last step of the last whole flush
+        self._unflushed_steps = 0
+        try:
+            self._reserve: Reserve | None = Reserve(self.dir)
+        except OSError as e:  # no room even for the reserve: record nothing, say why
+            self._reserve = None
+            self._fail(e)
+        self._segments: SegmentSet | None = None
+        if not self.failed:
+            try:
+                self._segments = SegmentSet(self.dir, segment_bytes)
+            except OSError as e:
+                self._fail(e)
         warm_up()
         self._write_manifest()
         self._thread = threading.Thread(target=self._run, name="vllm-contract-writer", daemon=True)
@@ -278,8 +291,14 @@ class TraceWriter:
             self.taken += 1
             self.taken_bytes += item[2]
             self._end_gap(step)
-            self._cols.add_schedule(step, *item[3:])
-            self.manifest["steps_recorded"] += 1
+            if self._cols.add_schedule(step, *item[3:]):
+                self._unflushed_steps += 1  # recorded once a whole flush holds them
+            else:
+                self._count_malformed(1)
+        elif kind == "malformed":  # (kind, step, t_ns, stage, error, plain form)
+            self._end_gap(step)
+            self._cols.quarantine(step, *item[2:])
+            self._count_malformed(1)
         elif kind == "update":
             self._cols.add_update(step, *item[2:])
         elif kind == "finish":
@@ -311,9 +330,21 @@ class TraceWriter:
         gaps.append([first, last])
         gaps.sort()
 
+    def _count_malformed(self, n: int) -> None:
+        if n:
+            self.manifest["steps_malformed"] = self.manifest.get("steps_malformed", 0) + n
+
     def _flush(self) -> None:
         if any(self._cols.rows(t) for t in schema.TABLE_NAMES):
-            if self._segments.write(self._cols.drain(_yield_gil)) and self.max_trace_bytes:
+            batches = self._cols.drain(_yield_gil)
+            salvaged, self._cols.salvaged = self._cols.salvaged, 0  # quarantined at conversion
+            rotated = self._segments.write(batches)
+            self.manifest["steps_recorded"] += self._unflushed_steps - salvaged
+            self._count_malformed(salvaged)
+            self._unflushed_steps = 0
+            if batches["steps"].num_rows:
+                self._committed_step = batches["steps"].column("step")[-1].as_py()
+            if rotated and self.max_trace_bytes:
                 self._prune()
 
     def _prune(self) -> None:
@@ -344,11 +375,15 @@ class TraceWriter:
             self._fail(e)
         finally:
             try:
-                self._segments.close()
+                if self._segments is not None:
+                    self._segments.close()
             except Exception as e:
                 self._note_error(e)
             self.manifest["ended_at"] = time.time()
             self.manifest["closed_cleanly"] = not (self.failed or self.ended_unclean)
+            if self._reserve is not None:  # a closed trace keeps no reserve
+                self._reserve.release()
+                self._reserve = None
             self._write_manifest()
 
     def fail(self, e: BaseException) -> None:
@@ -373,6 +408,10 @@ class TraceWriter:
         self.failed = True
         log.error("vllm-contract: recording disabled after error: %s: %s", type(e).__name__, e)
         self._note_error(e)
+        # Where the readable trace ends: readers cut a flush the failure tore at its last
+        # whole one (see core/trace.py), so this is the last step they see.
+        self.manifest["stopped"] = {"after_step": self._committed_step,
+                                    "error": f"{type(e).__name__}: {e}"}
         self._write_manifest()
 
     def _note_error(self, e: BaseException) -> None:
@@ -380,7 +419,15 @@ class TraceWriter:
             {"time": time.time(), "error": f"{type(e).__name__}: {e}"})
 
     def _write_manifest(self) -> None:
-        try:
-            write_json_atomic(self.dir / schema.MANIFEST, self.manifest)
-        except Exception as e:
-            log.error("vllm-contract: cannot write manifest: %s", e)
+        for attempt in range(2):
+            try:
+                write_json_atomic(self.dir / schema.MANIFEST, self.manifest)
+                return
+            except Exception as e:
+                reserve = getattr(self, "_reserve", None)
+                if attempt == 0 and isinstance(e, OSError) and reserve is not None:
+                    reserve.release()  # what it was kept for: the manifest's last word
+                    self._reserve = None
+                    continue
+                log.error("vllm-contract: cannot write manifest: %s", e)
+                return

@@ -252,7 +252,7 @@ def _control(item: tuple) -> bytes:
 
 def child_main() -> None:
     """The writer process: read items from the ring until the stop or the end of the pipe."""
-    from vllm_contract.recorder.snapshot import Fields, model_output, scheduler_output
+    from vllm_contract.recorder.snapshot import Fields, model_output, plain_form, scheduler_output
     from vllm_contract.recorder.writer import TraceWriter
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -285,8 +285,13 @@ def child_main() -> None:
             elif kind == "error":  # the engine side failed: as TraceWriter.fail() there
                 w.note_failure(item[2], item[3])
             elif kind == "schedule":  # (kind, step, t_ns, dur_ns, state, SchedulerOutput)
-                if not w.submit(kind, item[1], *item[2:5], scheduler_output(item[5], fields),
-                                cost=len(data)):
+                try:
+                    snap = scheduler_output(item[5], fields)
+                except Exception as e:  # a malformed output: quarantined, recording goes on
+                    w.submit("malformed", item[1], item[2], "snapshot",
+                             f"{type(e).__name__}: {e}", plain_form(item[5]))
+                    continue
+                if not w.submit(kind, item[1], *item[2:5], snap, cost=len(data)):
                     dropped.add(item[1])
             elif kind == "update":  # (kind, step, t_ns, dur_ns, ModelRunnerOutput pickled, ...)
                 if item[1] in dropped:

@@ -5,7 +5,13 @@ from __future__ import annotations
 import pyarrow.compute as pc
 
 from vllm_contract import schema
-from vllm_contract.trace import Trace
+from vllm_contract.errors import TraceError
+from vllm_contract.trace import Trace, reading
+
+# The checks on the recording's own integrity whose findings `info` lists too: `info` and
+# `check` then agree on them by construction (the same SQL).
+INTEGRITY_CHECKS = ("trace.checksum", "trace.count_mismatch", "trace.duplicate_rows",
+                    "trace.impossible_steps", "trace.recorder_stopped")
 
 
 # For each update_from_output(): how many schedule() calls from its own step on had returned
@@ -42,12 +48,21 @@ def _in_flight(steps, updates) -> dict:
         con.register("steps_", steps.select(["step", "t_ns"]))
         con.register("updates_", updates.select(["step", "t_ns"]))
         most, overlapped = con.sql(_IN_FLIGHT).fetchall()[0]
+    except duckdb.Error as e:  # damaged times or steps (an overflow): the trace's fault
+        raise TraceError(f"batches in flight: {e}") from None
     finally:
         con.close()
     return {"most_in_flight": most, "overlapped_updates": int(overlapped)}
 
 
-def engine_summary(e) -> dict:
+def engine_summary(e, checked: list[str] | None = None) -> dict:
+    """`checked`: the integrity checks' findings for this engine, when a gateway ran them;
+    without, the reader's own notes of data failing its checksum stand in."""
+    with reading(e.dir):
+        return _engine_summary(e, checked)
+
+
+def _engine_summary(e, checked: list[str] | None) -> dict:
     m = e.manifest
     # only the columns summed up here: reading every table of a long trace whole took 10 GB
     # and 10 s at a million steps
@@ -55,7 +70,12 @@ def engine_summary(e) -> dict:
     reqs = e.read("requests", ["req_id"])
     counts = {t: e.count(t) for t in schema.TABLE_NAMES}
     integrity = []
-    if not m.get("closed_cleanly"):
+    stopped = m.get("stopped")
+    if stopped:
+        at = stopped.get("after_step")
+        where = "before its first step" if at is None else f"after step {at}"
+        integrity.append(f"recording stopped {where}: {stopped.get('error')}")
+    elif not m.get("closed_cleanly"):
         integrity.append("not closed cleanly (recorder still running, or the process died)")
     for err in m.get("recorder_errors", []):
         integrity.append(f"recorder error: {err.get('error')}")
@@ -68,12 +88,14 @@ def engine_summary(e) -> dict:
         integrity.append(f"steps {a}..{b} dropped ({why})")
     if m.get("attached_mid_stream"):
         integrity.append("attached mid-stream: the worker held requests introduced before step 0")
-    if steps.num_rows:
+    if steps.num_rows and steps["step"].null_count < steps.num_rows:
         got = pc.min_max(steps["step"]).as_py()
         expected = got["max"] - got["min"] + 1
-        if expected != steps.num_rows:
-            integrity.append(f"{expected - steps.num_rows} step numbers missing between "
+        distinct = pc.count_distinct(steps["step"]).as_py()  # repeats are not steps
+        if expected != distinct:
+            integrity.append(f"{expected - distinct} step numbers missing between "
                              f"{got['min']} and {got['max']}")
+    integrity += list(e.problems) if checked is None else checked
     t = pc.min_max(steps["t_ns"]).as_py() if steps.num_rows else {"min": None, "max": None}
     return {
         "engine": e.name,
@@ -98,5 +120,17 @@ def engine_summary(e) -> dict:
     }
 
 
-def summary(trace: Trace) -> dict:
-    return {"root": str(trace.root), "engines": [engine_summary(e) for e in trace.engines]}
+def summary(trace: Trace, gateway=None) -> dict:
+    """With a gateway over the same trace, the integrity checks' findings join each engine's
+    integrity list (the reader's checksum notes among them)."""
+    checked: dict[str, list[str]] | None = None
+    if gateway is not None:
+        from vllm_contract.replay.query import catalog, checker
+
+        checks = [i for i in catalog.load() if i.id in INTEGRITY_CHECKS]
+        checked = {e.name: [] for e in trace.engines}
+        for f in checker.run(gateway, checks).findings:
+            checked.setdefault(str(f.engine), []).append(f"{f.invariant}: {f.message}")
+    return {"root": str(trace.root),
+            "engines": [engine_summary(e, None if checked is None else checked[e.name])
+                        for e in trace.engines]}

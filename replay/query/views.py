@@ -16,8 +16,12 @@ ENGINES_SCHEMA = pa.schema([
     pa.field("max_num_batched_tokens", pa.int64()), pa.field("max_num_seqs", pa.int64()),
     pa.field("max_model_len", pa.int64()), pa.field("closed_cleanly", pa.bool_()),
     pa.field("attached_mid_stream", pa.bool_()), pa.field("recorder_errors", pa.int64()),
-    pa.field("vllm_version", pa.string()),
+    pa.field("vllm_version", pa.string()), pa.field("steps_recorded", pa.int64()),
+    pa.field("pruned_steps", pa.int64()), pa.field("stopped_after_step", pa.int64()),
+    pa.field("stopped_error", pa.string()),
 ])
+INTEGRITY_SCHEMA = pa.schema([pa.field("engine", pa.string()), pa.field("segment", pa.string()),
+                              pa.field("details", pa.string())])
 DROPPED_SCHEMA = pa.schema([pa.field("engine", pa.string()), pa.field("first_step", pa.int64()),
                             pa.field("last_step", pa.int64())])
 
@@ -281,6 +285,8 @@ VIEW_DOCS = {
     **{name: doc for name, (doc, _) in schema.TABLES.items()},
     "engines": "One row per engine (from its manifest): the settings checks compare against.",
     "dropped": "One row per range of steps the recorder dropped (writer behind).",
+    "integrity": "One row per segment whose data fails its checksum (damaged after it was "
+                 "written): engine, segment (its path), details.",
     "step_totals": "One row per step with listed requests: engine, step, n (rows with a token "
                    "count), tokens (their sum), ids_hash (the sum of HASH(step, req_id) over them: "
                    "two steps, or two spans of steps summed, list the same ids when n and "
@@ -323,6 +329,11 @@ def views_markdown() -> str:
     out += [f"| `{name}` | {doc} |" for name, doc in VIEW_DOCS.items()]
     out += ["", "`engines` columns: " + ", ".join(f"`{f.name}`" for f in ENGINES_SCHEMA) + ".",
             "", "`dropped` columns: " + ", ".join(f"`{f.name}`" for f in DROPPED_SCHEMA) + ".",
+            "", "`engines.steps_recorded` is the manifest's count of steps written; "
+            "`engines.pruned_steps` the steps of segments deleted at the size cap "
+            "(`pruned_segments`); `engines.stopped_after_step` and `stopped_error` the "
+            "manifest's `stopped` (a recorder error ended the recording: its last readable "
+            "step, NULL if none, and why).",
             "", "`lifeline` columns: `engine`, `req_id`, `intro_step`, `first_step`, `last_step`, "
             "`steps_scheduled`, `tokens_scheduled`, `resumes`, `finish_event_step`, "
             "`finish_reason`, `finished_step` (the step whose finished_req_ids freed it).",

@@ -250,9 +250,12 @@ def test_truncated_segment_keeps_whole_batches(trace):
 
     r = invoke("info", trace)
     assert r.exit_code == 0, r.output
-    warnings = [ln for ln in r.stderr.splitlines() if "truncated" in ln]
+    warnings = [ln for ln in r.stderr.splitlines() if "truncated after" in ln]
     assert warnings, r.stderr
     assert all(ln.startswith("vllm-contract: warning:") and str(seg) in ln for ln in warnings)
+    # the torn steps batch was the flush's commit: the other tables' rows of that flush go too
+    cut = [ln for ln in r.stderr.splitlines() if "of a flush the writer did not finish" in ln]
+    assert cut and all(str(seg.parent.parent) in ln for ln in cut), r.stderr
     assert "Traceback" not in r.output
     assert steps_shown(r.stdout) == kept
     assert "segment warning" in integrity_line(r.stdout).split(None, 1)[1]
@@ -266,13 +269,16 @@ def test_truncated_segment_keeps_whole_batches(trace):
 
 
 def test_truncated_segment_is_warned_about_once(trace):
-    """One torn segment is one warning: summary must not report it once per read of the table."""
+    """One torn segment is one warning: summary must not report it once per read of the table
+    (nor the rows its torn flush takes out of each other table)."""
     seg, _ = _truncate_mid_last_batch(trace)
     r = invoke("info", trace)
     assert r.exit_code == 0, r.output
-    warnings = [ln for ln in r.stderr.splitlines() if "truncated" in ln]
-    assert len(warnings) == 1, r.stderr
-    assert "1 segment warning(s)" in integrity_line(r.stdout)
+    lines = r.stderr.splitlines()
+    assert len([ln for ln in lines if "truncated after" in ln]) == 1, r.stderr
+    cut = [ln for ln in lines if "of a flush the writer did not finish" in ln]
+    assert len(cut) == len(set(cut)), r.stderr
+    assert f"{1 + len(cut)} segment warning(s)" in integrity_line(r.stdout)
 
 
 def test_not_closed_cleanly(trace):

@@ -3,6 +3,8 @@ engine going on when the writer process dies."""
 
 from __future__ import annotations
 
+import json
+
 import os
 import pickle
 import resource
@@ -190,7 +192,7 @@ def test_an_engine_side_recorder_failure_is_noted_and_the_engine_goes_on(tiny_mo
                                                                         writer):
     """A KV-connector metadata object that refers to itself: the writer process's pickler
     refuses the cycle (the writer thread only describes it). Either way the engine's steps
-    go on, and a recording that failed says so."""
+    go on; with the writer process that step is quarantined whole and recording goes on."""
     cyclic: list = []
     cyclic.append(cyclic)
     steps = [0]
@@ -204,8 +206,12 @@ def test_an_engine_side_recorder_failure_is_noted_and_the_engine_goes_on(tiny_mo
     assert h.outputs == scenarios.run("mixed", tiny_model).outputs  # unrecorded
     (engine,) = open_trace(tmp_path).engines
     m = engine.manifest
+    assert m["closed_cleanly"] is True and not m["recorder_errors"]
+    quarantined = engine.read("malformed_steps").to_pylist()
     if writer == "process":
-        assert any("cyclic" in e["error"] for e in m["recorder_errors"]), m["recorder_errors"]
-        assert m["closed_cleanly"] is False
+        assert [(r["step"], r["stage"]) for r in quarantined] == [(3, "snapshot"), (3, "update")]
+        assert "cyclic" in quarantined[0]["error"]
+        assert "kv_connector_metadata" in json.loads(quarantined[0]["plain_json"])
+        assert 3 not in engine.read("steps").column("step").to_pylist()
     else:
-        assert m["closed_cleanly"] is True and not m["recorder_errors"]
+        assert quarantined == []

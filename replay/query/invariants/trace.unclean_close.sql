@@ -12,3 +12,4 @@ SELECT engine, CAST(NULL AS BIGINT) AS step, CAST(NULL AS VARCHAR) AS req_id,
            ELSE '' END AS details
 FROM engines
 WHERE NOT closed_cleanly
+  AND stopped_error IS NULL  -- trace.recorder_stopped says more

@@ -1,0 +1,193 @@
+"""The manifest's schema, checked before anything reads a value from it.
+
+A manifest is JSON the reader did not write: a value of the wrong type (`recorder_errors: 5`), a
+number past int64 or a nesting thousands deep would otherwise surface as a TypeError, an
+OverflowError or a RecursionError far from the file. Each known key is checked for its type and
+range here, and a violation is a TraceError naming the file and the key. Unknown keys pass: a
+newer recorder may add some (forward compatibility).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any, Callable
+
+from vllm_contract import schema
+from vllm_contract.errors import TraceError
+
+MAX_DEPTH = 32  # the deepest manifest the recorder writes nests 4 levels
+MAX_BYTES = 16 << 20  # the largest real ones hold a few hundred pruned segments
+I64_MAX = (1 << 63) - 1
+
+Check = Callable[[Any, str], None]
+
+
+class _Bad(Exception):
+    """A violation at a key path; turned into a TraceError naming the file."""
+
+    def __init__(self, where: str, what: str) -> None:
+        super().__init__(f"{where}: {what}")
+
+
+def _type_name(v: Any) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean",
+            int: "an integer", float: "a number", type(None): "null"}.get(type(v), type(v).__name__)
+
+
+def _int(lo: int = -I64_MAX - 1, hi: int = I64_MAX) -> Check:
+    def check(v: Any, where: str) -> None:
+        if type(v) is not int:
+            raise _Bad(where, f"must be an integer, not {_type_name(v)}")
+        if not lo <= v <= hi:
+            raise _Bad(where, f"{v} is out of range ({lo}..{hi})")
+    return check
+
+
+def _num(v: Any, where: str) -> None:
+    if type(v) not in (int, float):
+        raise _Bad(where, f"must be a number, not {_type_name(v)}")
+    if not math.isfinite(v) or abs(v) > 1e18:
+        raise _Bad(where, f"{v} is not a plausible time or size")
+
+
+def _of(t: type, name: str) -> Check:
+    def check(v: Any, where: str) -> None:
+        if type(v) is not t:
+            raise _Bad(where, f"must be {name}, not {_type_name(v)}")
+    return check
+
+
+_bool = _of(bool, "a boolean")
+_str = _of(str, "a string")
+
+
+def _opt(c: Check) -> Check:
+    def check(v: Any, where: str) -> None:
+        if v is not None:
+            c(v, where)
+    return check
+
+
+def _list(item: Check | None = None) -> Check:
+    def check(v: Any, where: str) -> None:
+        if type(v) is not list:
+            raise _Bad(where, f"must be a list, not {_type_name(v)}")
+        if item is not None:
+            for i, x in enumerate(v):
+                item(x, f"{where}[{i}]")
+    return check
+
+
+def _obj(keys: dict[str, Check] | None = None, values: Check | None = None) -> Check:
+    def check(v: Any, where: str) -> None:
+        if type(v) is not dict:
+            raise _Bad(where, f"must be an object, not {_type_name(v)}")
+        for k, c in (keys or {}).items():
+            if k in v:
+                c(v[k], f"{where}.{k}")
+        if values is not None:
+            for k, x in v.items():
+                values(x, f"{where}.{k}")
+    return check
+
+
+def _range(v: Any, where: str) -> None:
+    """An inclusive [first, last] range of step numbers."""
+    if type(v) is not list or len(v) != 2:
+        raise _Bad(where, "must be a [first, last] pair of step numbers")
+    for i, x in enumerate(v):
+        _int(0)(x, f"{where}[{i}]")
+    if v[0] > v[1]:
+        raise _Bad(where, f"first step {v[0]} is after last step {v[1]}")
+
+
+_count = _opt(_int(0))
+_ENGINE = _obj({
+    "model": _opt(_str), "dtype": _opt(_str), "max_model_len": _count, "seed": _opt(_int()),
+    "block_size": _count, "enable_prefix_caching": _opt(_bool), "num_kv_blocks": _count,
+    "max_num_batched_tokens": _count, "max_num_seqs": _count, "chunked_prefill": _opt(_bool),
+    "async_scheduling": _opt(_bool), "speculative": _opt(_obj()), "parallel": _opt(_obj()),
+    "scheduler_class": _opt(_str),
+})
+
+KEYS: dict[str, Check] = {
+    "vllm_version": _opt(_str),
+    "engine": _opt(_ENGINE),
+    "host": _opt(_str), "pid": _opt(_int()), "dp_rank": _opt(_int()),
+    "started_at": _opt(_num), "ended_at": _opt(_num),
+    "closed_cleanly": _bool,
+    "recorder_errors": _list(_obj({"time": _opt(_num), "error": _opt(_str)})),
+    "steps_recorded": _int(0), "steps_malformed": _int(0),
+    "stopped": _obj({"after_step": _opt(_int()), "error": _opt(_str)}),
+    "dropped_steps": _list(_range),
+    "dropped_steps_total": _int(0),
+    "pruned_segments": _list(_obj({"segment": _opt(_int()), "bytes": _count,
+                                   "steps": _opt(_range), "reason": _opt(_str)})),
+    "pickled_opaque": _opt(_bool), "redacted_prompts": _opt(_bool),
+    "worker_replayable": _opt(_bool), "attached_mid_stream": _opt(_bool),
+    "redaction": _opt(_obj()), "writer": _opt(_obj()), "worker_state_at_start": _opt(_obj()),
+    "limits": _opt(_obj()), "transport": _opt(_obj()),
+    "started_by": _opt(_str), "ended_by": _opt(_str),
+    "recording_started_at": _opt(_num),
+    "fields": _opt(_obj(values=_list(_str))),
+    "contract_drift": _opt(_obj({"unknown_fields": _opt(_obj(values=_list(_str))),
+                                 "missing_fields": _opt(_obj(values=_list(_str)))})),
+    "compaction_warnings": _list(_str),
+}
+
+# Strings first (a bracket inside one does not nest), then every bracket in order.
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.S)
+_BRACKETS = re.compile(r"[\[\]{}]")
+
+
+def depth(text: str) -> int:
+    """How deep the JSON text's arrays and objects nest (0 for a scalar)."""
+    deepest = level = 0
+    for m in _BRACKETS.finditer(_STRING.sub("", text)):
+        level += 1 if m.group() in "[{" else -1
+        deepest = max(deepest, level)
+    return deepest
+
+
+def _reject_constant(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")
+
+
+def parse(path: Path, data: bytes) -> dict:
+    """The manifest in `data` (the bytes of `path`), checked; a TraceError if it is unusable."""
+    if len(data) > MAX_BYTES:
+        raise TraceError(f"{path}: manifest is {len(data)} bytes, larger than any recorder "
+                         f"writes ({MAX_BYTES}): not a vllm-contract manifest")
+    try:
+        text = data.decode("utf-8")
+        if depth(text) > MAX_DEPTH:
+            raise TraceError(f"{path}: manifest nests deeper than {MAX_DEPTH} levels: "
+                             "not a vllm-contract manifest")
+        manifest = json.loads(text, parse_constant=_reject_constant)
+    except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError too
+        raise TraceError(f"{path}: manifest is not valid JSON ({e})") from None
+    if not isinstance(manifest, dict) or "format_version" not in manifest:
+        raise TraceError(f"{path}: manifest has no format_version: not a vllm-contract trace")
+    version = manifest["format_version"]
+    if type(version) is not int or version > schema.FORMAT_VERSION:
+        shown = json.dumps(version)[:40]
+        raise TraceError(f"{path}: trace format version {shown} is newer than this "
+                         f"vllm-contract reads ({schema.FORMAT_VERSION}); upgrade vllm-contract")
+    if version < 1:
+        raise TraceError(f"{path}: manifest key format_version: {version} is not a format "
+                         "version (they start at 1)")
+    validate(manifest, path)
+    return manifest
+
+
+def validate(manifest: dict, path: Path | str = "manifest") -> None:
+    """Check each known key's type and range; unknown keys pass."""
+    try:
+        for key, check in KEYS.items():
+            if key in manifest:
+                check(manifest[key], key)
+    except _Bad as e:
+        raise TraceError(f"{path}: manifest key {e}") from None

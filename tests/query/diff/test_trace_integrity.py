@@ -1,0 +1,121 @@
+"""Diff tests of the checks on the trace's own integrity (trace.checksum, trace.count_mismatch,
+trace.duplicate_rows, trace.impossible_steps): tiny traces with one damage each, and the exact
+rows each check must return."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.ipc as ipc
+import pyarrow.parquet as pq
+
+import tinytrace as tt
+from vllm_contract import schema
+from vllm_contract.trace import CHECKSUM_KEY, batch_checksum
+
+
+def steps_as_stream(root, checksum=None) -> None:
+    """Replace the steps table's Parquet file with a stream segment of the same rows, its one
+    batch stamped with `checksum` (its true checksum if None)."""
+    d = root / tt.ENGINE / "steps"
+    data = pq.read_table(d / "000000.parquet").cast(schema.schema("steps"))
+    (d / "000000.parquet").unlink()
+    (batch,) = data.to_batches()
+    with pa.OSFile(str(d / "000000.arrows"), "wb") as sink:
+        with ipc.new_stream(sink, data.schema) as w:
+            w.write_batch(batch, custom_metadata={
+                CHECKSUM_KEY: batch_checksum(batch) if checksum is None else checksum})
+
+
+# --- trace.checksum ----------------------------------------------------------------------------
+
+def test_checksum_batch_damaged(tmp_path):
+    """A steps batch whose stored checksum is not its data's: one finding for the segment."""
+    tt.write(tmp_path, {"steps": tt.steps(3)})
+    steps_as_stream(tmp_path, checksum=b"12345")
+    assert tt.found(tmp_path, "trace.checksum") == [
+        (None, None, "steps/000000.arrows: 1 of 1 batches fail their checksum (data damaged "
+                     "after it was written)")]
+
+
+def test_checksum_intact(tmp_path):
+    """Near miss: the same stream with its true checksum."""
+    tt.write(tmp_path, {"steps": tt.steps(3)})
+    steps_as_stream(tmp_path)
+    assert tt.found(tmp_path, "trace.checksum") == []
+
+
+# --- trace.count_mismatch ----------------------------------------------------------------------
+
+def test_count_mismatch_rows_lost(tmp_path):
+    """The manifest counts 5 steps written; the steps table holds 3."""
+    tt.write(tmp_path, {"steps": tt.steps(3)}, steps_recorded=5)
+    assert tt.found(tmp_path, "trace.count_mismatch") == [
+        (None, None, "the manifest counts 5 steps written, the steps table holds 3")]
+
+
+def test_count_mismatch_rows_added_after_a_clean_close(tmp_path):
+    """A clean close counted 2 steps; 3 are on disk."""
+    tt.write(tmp_path, {"steps": tt.steps(3)}, steps_recorded=2)
+    assert tt.found(tmp_path, "trace.count_mismatch") == [
+        (None, None, "the manifest counts 2 steps written, the steps table holds 3")]
+
+
+def test_count_mismatch_stale_manifest_of_a_crash(tmp_path):
+    """Near miss: a trace not closed cleanly whose manifest predates its last writes."""
+    tt.write(tmp_path, {"steps": tt.steps(3)}, steps_recorded=0, closed_cleanly=False)
+    assert tt.found(tmp_path, "trace.count_mismatch") == []
+
+
+def test_count_mismatch_pruned_steps_are_counted(tmp_path):
+    """Near miss: steps 0..1 were deleted at the size cap; 3 of 5 counted remain."""
+    tt.write(tmp_path, {"steps": tt.steps(5)[2:]}, steps_recorded=5,
+             dropped_steps=[[0, 1]], dropped_steps_total=2,
+             pruned_segments=[{"segment": 0, "bytes": 100, "steps": [0, 1],
+                               "reason": "max_trace_bytes"}])
+    assert tt.found(tmp_path, "trace.count_mismatch") == []
+
+
+# --- trace.duplicate_rows ----------------------------------------------------------------------
+
+def test_duplicate_rows_step_twice(tmp_path):
+    """Step 1 is in the steps table twice."""
+    tt.write(tmp_path, {"steps": tt.steps(3) + [{"step": 1}]})
+    assert tt.found(tmp_path, "trace.duplicate_rows") == [
+        (1, None, "steps: 1 row(s) repeat another with the same step, from step 1")]
+
+
+def test_duplicate_rows_finish_event_twice(tmp_path):
+    """The same finish event (same time) twice: a copied segment."""
+    ev = {"step": 2, "req_id": "a", "reason": "STOP", "source": "update_from_output",
+          "t_ns": 2500}
+    tt.write(tmp_path, {"steps": tt.steps(3), "finish_events": [ev, dict(ev)]})
+    assert tt.found(tmp_path, "trace.duplicate_rows") == [
+        (2, None, "finish_events: 1 row(s) repeat another with the same step, req_id, reason, "
+                  "source, t_ns, from step 2")]
+
+
+def test_duplicate_rows_two_finishes_of_one_request(tmp_path):
+    """Near miss: an abort and a stop of the same request in one step are two events."""
+    ev = {"step": 2, "req_id": "a", "reason": "STOP", "source": "update_from_output",
+          "t_ns": 2500}
+    abort = {**ev, "reason": "FINISHED_ABORTED", "source": "finish_requests", "t_ns": 2600}
+    tt.write(tmp_path, {"steps": tt.steps(3), "finish_events": [ev, abort]})
+    assert tt.found(tmp_path, "trace.duplicate_rows") == []
+
+
+# --- trace.impossible_steps --------------------------------------------------------------------
+
+def test_impossible_steps_negative_and_huge(tmp_path):
+    """Updates keyed by step -5 and 2^40: one finding per table, at its smallest step."""
+    tt.write(tmp_path, {"steps": tt.steps(3),
+                        "updates": [{"step": -5}, {"step": 1}, {"step": 1 << 40}]})
+    assert tt.found(tmp_path, "trace.impossible_steps") == [
+        (-5, None, "updates: 2 row(s) with impossible step numbers (-5..1099511627776)")]
+
+
+def test_impossible_steps_abort_before_the_first_step(tmp_path):
+    """Near miss: finish_events' step -1 is an abort before the first recorded step."""
+    tt.write(tmp_path, {"steps": tt.steps(3), "finish_events": [
+        {"step": -1, "req_id": "a", "reason": "FINISHED_ABORTED", "source": "finish_requests",
+         "t_ns": 1}]})
+    assert tt.found(tmp_path, "trace.impossible_steps") == []
