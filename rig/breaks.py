@@ -4,6 +4,7 @@ Used for samples/broken-* and the demo of `vllm-contract check`."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable
 
 
@@ -46,6 +47,88 @@ def forget_new_request() -> Callable:
     def mutate(so, step):
         if so.scheduled_new_reqs and not done:
             done.append(so.scheduled_new_reqs.pop().req_id)
+
+    return mutate
+
+
+
+def free_encoder_between_chunks() -> Callable:
+    """LOOK-ALIKE inputs (encoder_lookalike: the CPU build cannot schedule a multimodal model
+    here): a new request whose prefill is chunked gets its image's placeholder moved across the
+    first chunk's end, and the image's encoder output is freed in the step of its next chunk,
+    which still reads it (vLLM's chunked-prefill encoder-cache bugs). Returns (step, req_id) of
+    that chunk."""
+    pending: dict[str, str] = {}  # req_id -> identifier freed with its next chunk
+    done = []
+
+    def mutate(so, step):
+        for rid, identifier in list(pending.items()):
+            if rid in so.num_scheduled_tokens:
+                so.free_encoder_mm_hashes.append(identifier)
+                del pending[rid]
+                done.append(rid)
+                return step, rid
+        if done or pending:
+            return None
+        for r in so.scheduled_new_reqs:
+            end = r.num_computed_tokens + so.num_scheduled_tokens.get(r.req_id, 0)
+            if r.mm_features and 8 <= end < len(r.prompt_token_ids):
+                feature = r.mm_features[0]  # tokens end-4 .. end+3
+                feature.mm_position = dataclasses.replace(feature.mm_position, offset=end - 4)
+                pending[r.req_id] = r.mm_features[0].identifier
+                return None
+        return None
+
+    return mutate
+
+
+def resume_as_cached() -> Callable:
+    """A request coming back after its preemption is left out of resumed_req_ids: the worker
+    appends its whole new table to the stale one it kept, whose blocks were freed at the
+    preemption. Returns (step, req_id)."""
+    done = []
+
+    def mutate(so, step):
+        resumed = so.scheduled_cached_reqs.resumed_req_ids
+        if resumed and not done:
+            rid = sorted(resumed)[0]
+            resumed.discard(rid)
+            done.append(rid)
+            return step, rid
+        return None
+
+    return mutate
+
+
+def lose_a_step(stall: int = 40) -> Callable:
+    """A decode step the scheduler has already counted never reaches the worker (its requests
+    are taken out of the SchedulerOutput after schedule() advanced them): the real scheduler
+    then waits for tokens that never come, and every later step schedules nothing while those
+    requests stay running (the deadlock of public vLLM hang reports). After `stall` such steps
+    the lost step's requests are sent after all, standing in for whatever ends a hang, so that
+    the run finishes. Returns (step, None) for the step lost."""
+    from vllm.v1.core.sched.output import CachedRequestData
+
+    lost: dict = {}
+
+    def mutate(so, step):
+        if not lost:
+            cached = so.scheduled_cached_reqs
+            if (step >= 5 and cached.req_ids and not so.scheduled_new_reqs
+                    and not cached.resumed_req_ids and not so.scheduled_spec_decode_tokens):
+                lost.update(step=step, cached=cached, tokens=so.num_scheduled_tokens,
+                            total=so.total_num_scheduled_tokens)
+                so.scheduled_cached_reqs = CachedRequestData.make_empty()
+                so.num_scheduled_tokens = {}
+                so.total_num_scheduled_tokens = 0
+                return step, None
+        elif "sent" not in lost and step == lost["step"] + stall:
+            assert so.total_num_scheduled_tokens == 0, "the scheduler was not stuck"
+            so.scheduled_cached_reqs = lost["cached"]
+            so.num_scheduled_tokens = lost["tokens"]
+            so.total_num_scheduled_tokens = lost["total"]
+            lost["sent"] = step
+        return None
 
     return mutate
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 
 from vllm_contract.trace import open_trace
-from vllm_contract.rig import scenarios
+from vllm_contract.rig import breaks, scenarios
 
 from checking import (cached_ids, edit, findings, hits, patched)
 
@@ -242,3 +242,30 @@ def test_block_handed_out_while_held(tiny_model, tmp_path):
     steal.done = False
     broken = patched(tiny_model, tmp_path, "prefix_cache", steal)
     assert broken[0] in hits(findings(tmp_path), "blocks.double_owner")
+
+
+def test_encoder_output_freed_between_chunks(tiny_model, tmp_path):
+    """LOOK-ALIKE encoder inputs: an image across a prefill's chunk boundary, freed with the
+    second chunk. That chunk does not schedule the encoder input, yet reads its output."""
+    broken = patched(tiny_model, tmp_path, "encoder_lookalike",
+                     breaks.free_encoder_between_chunks())
+    assert hits(findings(tmp_path), "encoder.freed_while_needed") == broken
+
+
+def test_preempted_request_back_without_resumed(tiny_model, tmp_path):
+    """A resumed request left out of resumed_req_ids: its whole new table would be appended
+    to the stale one."""
+    broken = patched(tiny_model, tmp_path, "preemption", breaks.resume_as_cached())
+    assert hits(findings(tmp_path), "lifecycle.preempted_not_resumed") == broken
+
+
+def test_lost_step_leaves_running_requests_stuck(tiny_model, tmp_path):
+    """A counted decode step that never reaches the worker: the real scheduler waits for its
+    tokens, scheduling nothing for 40 steps while its requests run; reported at the 32nd."""
+    broken = patched(tiny_model, tmp_path, "aborts", breaks.lose_a_step(stall=40))
+    (lost, _), = broken
+    report = findings(tmp_path)
+    assert hits(report, "progress.stuck_running") == [(lost + 31, None)]
+    (f,) = [f for f in report.findings if f.invariant == "progress.stuck_running"]
+    assert f"40 consecutive zero-token steps from step {lost} " in f.message
+    assert hits(report, "progress.stalled") == []

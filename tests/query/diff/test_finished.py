@@ -6,8 +6,6 @@ next step scheduled."""
 
 from __future__ import annotations
 
-import pytest
-
 import tinytrace as tt
 
 
@@ -196,8 +194,6 @@ def test_phantom_aborted_after_admission(tmp_path):
     assert tt.found(tmp_path, "finished.phantom") == []
 
 
-@pytest.mark.xfail(strict=True, reason="the check looks for an introduction at any step: an "
-                   "id freed before it is first introduced is not reported")
 def test_phantom_id_introduced_only_later(tmp_path):
     """x is aborted while waiting and freed in step 1; a request of the same id is introduced
     only in step 2. When step 1 freed it, the worker had never held x."""

@@ -3,8 +3,6 @@ as the worker sees them, each pinned to exact rows of a tiny hand-built trace (t
 
 from __future__ import annotations
 
-import pytest
-
 import tinytrace as tt
 from vllm_contract.replay.query.gateway import Gateway
 
@@ -207,6 +205,58 @@ def test_resumed_with_blocks(tmp_path):
     assert tt.found(tmp_path, "lifecycle.resumed_without_blocks") == []
 
 
+# --- lifecycle.preempted_not_resumed ---------------------------------------------------------
+
+def back_as_cached(step: int, rid: str, outputs: int, blocks: list[int]) -> dict:
+    """A resumed row (the whole recomputed table) with its id left out of resumed_req_ids."""
+    return dict(resumed(step, rid, outputs, blocks), kind="cached", resumed=False)
+
+
+def test_preempted_not_resumed(tmp_path):
+    """a is preempted at step 2 and comes back at step 3 with a whole new table, but not in
+    resumed_req_ids: the worker appends blocks 2 and 3 to the table [0, 1] it kept, whose
+    blocks were freed at the preemption."""
+    write(tmp_path, 5,
+          requests=[intro(0, "a")],
+          scheduled=[new(0, "a", [0]), cached(1, "a", 4, [1]),
+                     back_as_cached(3, "a", 2, [2, 3]), cached(4, "a", 6)],
+          preempted=[freed(2, "a")], waiting={2: 1})
+    assert tt.found(tmp_path, "lifecycle.preempted_not_resumed") == [
+        (3, "a", "scheduled as cached after its preemption at step 2, not in resumed_req_ids")]
+
+
+def test_preempted_not_resumed_the_second_time(tmp_path):
+    """Resumed properly after its preemption at step 2, then preempted again at step 5 and
+    back at step 6 as cached: each preemption is judged by the row that follows it."""
+    write(tmp_path, 7,
+          requests=[intro(0, "a")],
+          scheduled=[new(0, "a", [0]), cached(1, "a", 4, [1]),
+                     resumed(3, "a", 2, [2, 3]), cached(4, "a", 6),
+                     back_as_cached(6, "a", 4, [4, 5])],
+          preempted=[freed(2, "a"), freed(5, "a")], waiting={2: 1, 5: 1})
+    assert tt.found(tmp_path, "lifecycle.preempted_not_resumed") == [
+        (6, "a", "scheduled as cached after its preemption at step 5, not in resumed_req_ids")]
+
+
+def test_preempted_and_resumed(tmp_path):
+    """Near miss: the same preemption, and a back at step 3 in resumed_req_ids."""
+    _preempted_and_resumed(tmp_path, [2, 3])
+    assert tt.found(tmp_path, "lifecycle.preempted_not_resumed") == []
+
+
+def test_preempted_then_aborted_and_id_reused(tmp_path):
+    """Near miss: a is preempted at step 2, aborted while it waits and freed at step 3; its id
+    comes back as a new request at step 4, which the worker adds afresh."""
+    write(tmp_path, 6,
+          requests=[intro(0, "a"), intro(4, "a")],
+          scheduled=[new(0, "a", [0]), cached(1, "a", 4, [1]),
+                     new(4, "a", [2]), cached(5, "a", 4, [3])],
+          preempted=[freed(2, "a")],
+          finish_events=[event(2, "a", reason="FINISHED_ABORTED", source="finish_requests")],
+          finished=[freed(3, "a")], waiting={2: 1})
+    assert tt.found(tmp_path, "lifecycle.preempted_not_resumed") == []
+
+
 # --- lifecycle.resumed_without_preemption ----------------------------------------------------
 
 def test_resumed_without_any_preemption(tmp_path):
@@ -244,9 +294,6 @@ def test_resumed_after_each_preemption(tmp_path):
     assert tt.found(tmp_path, "lifecycle.resumed_without_preemption") == []
 
 
-@pytest.mark.xfail(strict=True, reason="an id resumed as its first row in a trace attached "
-                   "mid-stream is blamed ('last ran at step never'): its preemption may predate "
-                   "the recording, and the check does not read engines.attached_mid_stream")
 def test_resumed_first_in_a_trace_attached_mid_stream(tmp_path):
     """Attached to a running engine: a was preempted before the recording began and waits at
     step 0, then is resumed at step 1. The trace cannot show its preemption, so it cannot

@@ -1,6 +1,7 @@
-"""Diff tests of the progress checks: an engine that spins with work queued, and a running
-request the scheduler leaves out, pinned to exact rows of tiny hand-built traces (tinytrace).
-progress.stalled reads `steps` alone, so its traces are steps rows only."""
+"""Diff tests of the progress checks: an engine that spins with work queued or running, and a
+running request the scheduler leaves out, pinned to exact rows of tiny hand-built traces
+(tinytrace). progress.stalled and progress.stuck_running read `steps` alone, so their traces
+are steps rows only."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ STEP_KINDS = {
     "s": (0, 0, 1),  # stalled: nothing scheduled, nothing running, a request waiting
     "z": (0, 1, 1),  # nothing scheduled, but a request runs (e.g. its KV still loading)
     "i": (0, 0, 0),  # nothing scheduled, nothing queued: idle
+    "y": (0, 1, 0),  # nothing scheduled, a request runs, none waits
 }
 
 
@@ -51,6 +53,30 @@ def test_stalled_not_reported(tmp_path, pattern):
     """Zero-token steps that are not eight in a row with work waiting and nothing running."""
     spin(tmp_path, pattern)
     assert tt.found(tmp_path, "progress.stalled") == []
+
+
+# --- progress.stuck_running ------------------------------------------------------------------
+
+def test_stuck_running_runs_of_32_and_40(tmp_path):
+    """Two runs of zero-token steps while a request is running: 32 from step 1 (the shortest
+    reported, at its 32nd step, 32), with a request waiting too, and 40 from step 34 with none
+    waiting (at its 32nd, 65)."""
+    spin(tmp_path, "r" + "z" * 32 + "r" + "y" * 40)
+    assert tt.found(tmp_path, "progress.stuck_running") == [
+        (32, None, "32 consecutive zero-token steps from step 1 with requests running"),
+        (65, None, "40 consecutive zero-token steps from step 34 with requests running")]
+
+
+@pytest.mark.parametrize("pattern", [
+    "r" + "z" * 31 + "r",             # 31: longer than any batch queue empties, still allowed
+    "r" + "y" * 16 + "s" + "y" * 16,  # a step with none running splits the run
+    "r" + "s" * 40,                   # nothing runs: progress.stalled's case
+    "r" + "i" * 40,                   # nothing queued: idle
+], ids=["thirty-one", "split", "none-running", "idle"])
+def test_stuck_running_not_reported(tmp_path, pattern):
+    """Zero-token steps that are not 32 in a row with a request running."""
+    spin(tmp_path, pattern)
+    assert tt.found(tmp_path, "progress.stuck_running") == []
 
 
 # --- progress.starved ------------------------------------------------------------------------

@@ -8,8 +8,6 @@ ran all the same)."""
 
 from __future__ import annotations
 
-import pytest
-
 import tinytrace as tt
 
 
@@ -122,8 +120,6 @@ def test_missing_steps_hole_declared_dropped(tmp_path):
     assert tt.found(tmp_path, "trace.missing_steps") == []
 
 
-@pytest.mark.xfail(strict=True, reason="the check matches a declared drop by its first step "
-                   "alone: a hole 3..4 of which only step 3 was declared dropped is not reported")
 def test_missing_steps_hole_declared_in_part(tmp_path):
     """The recorder declared step 3 dropped, but step 4 is missing as well (the writer closes a
     gap at the next recorded step, so a declared gap covers its whole hole): step 4 is an
@@ -132,9 +128,6 @@ def test_missing_steps_hole_declared_in_part(tmp_path):
     assert tt.found(tmp_path, "trace.missing_steps") == [(4, None, "steps 4..4 missing")]
 
 
-@pytest.mark.xfail(strict=True, reason="the check looks only between recorded steps: steps "
-                   "before the first recorded one are never reported, though recording starts "
-                   "at step 0 and a dropped or pruned head is declared")
 def test_missing_steps_leading_hole(tmp_path):
     """The trace's first steps 0..2 are gone (its first segment deleted) and nothing declares
     them: the recorder numbers from 0, and declares a dropped or pruned head in dropped_steps."""
