@@ -26,6 +26,10 @@ class CheckFormat(str, enum.Enum):
     junit = "junit"
 
 
+class CheckWorker(str, enum.Enum):
+    shadow = "shadow"
+
+
 Severity = enum.Enum("Severity", {s: s for s in SEVERITIES}, type=str)
 
 
@@ -49,11 +53,15 @@ def _render_table(report, invariants, examples: int = 3) -> str:
     for f in report.findings:
         by.setdefault(f.invariant, []).append(f)
     lines = []
-    for inv in sorted(invariants, key=lambda i: (-RANK[i.severity], i.id)):
-        found = by.get(inv.id)
+    # the worker's findings (`--worker`) have no catalog entry: their own severity and title
+    heads = [(i.severity, i.id, i.title) for i in invariants]
+    known = {i.id for i in invariants}
+    heads += [(fs[0].severity, k, fs[0].title) for k, fs in by.items() if k not in known]
+    for severity, inv_id, title in sorted(heads, key=lambda h: (-RANK[h[0]], h[1])):
+        found = by.get(inv_id)
         if not found:
             continue
-        lines.append(f"{inv.severity.upper():7} {inv.id}  ({len(found)})  {inv.title}")
+        lines.append(f"{severity.upper():7} {inv_id}  ({len(found)})  {title}")
         for f in found[:examples]:
             where = f"step {f.step}" if f.step is not None else "trace"
             who = f" req {f.req_id}" if f.req_id else ""
@@ -91,6 +99,18 @@ def _render_junit(report, invariants) -> str:
     return "\n".join(out)
 
 
+def _add_worker_findings(report, trace: Path) -> None:
+    from vllm_contract.replay.worker.shadow import SAME_AS, run_shadow
+    from vllm_contract.trace import open_trace
+
+    said = {(f.engine, f.step, f.req_id, f.invariant) for f in report.findings}
+    for f in run_shadow(open_trace(trace)):
+        if (f.engine, f.step, f.req_id, SAME_AS.get(f.invariant)) not in said:
+            report.findings.append(f)
+    report.ran.append("worker.shadow")
+    report.findings.sort(key=lambda f: f.sort_key())
+
+
 @app.command()
 def check(
     trace: Annotated[Path, typer.Argument(help="Trace directory.")],
@@ -102,6 +122,10 @@ def check(
                                               "or above this severity.")] = Severity.error,
     format: Annotated[CheckFormat, typer.Option("--format", "-f")] = CheckFormat.table,
     list_: Annotated[bool, typer.Option("--list", help="List the checks and exit.")] = False,
+    worker: Annotated[Optional[CheckWorker], typer.Option(
+        "--worker", help="Also replay into this worker and add its findings (worker.*); one "
+                         "saying what a catalog finding at the same step and request says "
+                         "is left out.")] = None,
 ) -> None:
     """Check a trace against the invariant catalog. Exit 0: nothing at or above --fail-on;
     1: findings at or above it; 2: unusable input."""
@@ -119,6 +143,8 @@ def check(
             for w in gw.warnings:
                 warn(w)
             report = checker.run(gw, selected, progress=_progress)
+        if worker is not None:
+            _add_worker_findings(report, trace)
     except TraceError as e:
         fail(e)
     rows = [f.to_dict() for f in report.findings]

@@ -7,7 +7,8 @@ from __future__ import annotations
 from importlib import import_module
 
 _EXPORTS = {"open_trace": "vllm_contract.trace", "Trace": "vllm_contract.trace",
-            "Gateway": "vllm_contract.replay.query.gateway"}
+            "Gateway": "vllm_contract.replay.query.gateway",
+            "Session": "vllm_contract.replay.session"}
 __all__ = sorted(_EXPORTS)
 
 

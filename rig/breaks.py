@@ -100,6 +100,24 @@ def resume_as_cached() -> Callable:
     return mutate
 
 
+def resume_without_table() -> Callable:
+    """A request coming back after its preemption is listed in resumed_req_ids but sent no
+    block table (new_block_ids None): the worker has nothing to replace the stale table with
+    (an assertion in _update_states). Returns (step, req_id)."""
+    done = []
+
+    def mutate(so, step):
+        cached = so.scheduled_cached_reqs
+        if cached.resumed_req_ids and not done:
+            rid = sorted(cached.resumed_req_ids)[0]
+            cached.new_block_ids[cached.req_ids.index(rid)] = None
+            done.append(rid)
+            return step, rid
+        return None
+
+    return mutate
+
+
 def lose_a_step(stall: int = 40) -> Callable:
     """A decode step the scheduler has already counted never reaches the worker (its requests
     are taken out of the SchedulerOutput after schedule() advanced them): the real scheduler

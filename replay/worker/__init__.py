@@ -1,3 +1,4 @@
-"""The replay engine: rebuilding SchedulerOutputs from a trace, the shadow worker (pure Python)
-and the real-vLLM-worker driver (the only vLLM importer of the reading side, lazily). Today it
-holds the canonical form both ends of a replay are compared in."""
+"""The replay engine: rebuilding SchedulerOutputs from a trace (`rebuild`, vLLM imported lazily),
+the shadow worker (`shadow`, pure Python: the worker state the contract governs), and the
+canonical form both ends of a replay are compared in. The real-vLLM-worker driver comes here
+too, the only vLLM importer of the reading side."""

@@ -1,0 +1,113 @@
+"""`replay`: step a worker over a trace's recorded SchedulerOutputs and report where it would
+raise or go wrong (the shadow worker today; the real vLLM worker is to come)."""
+
+from __future__ import annotations
+
+import enum
+import json
+import sys
+import threading
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from vllm_contract.cli.common import ExitCode, fail, warn
+from vllm_contract.errors import TraceError
+
+app = typer.Typer()
+
+
+class Worker(str, enum.Enum):
+    shadow = "shadow"
+    vllm = "vllm"
+
+
+class ReplayFormat(str, enum.Enum):
+    table = "table"
+    json = "json"
+    jsonl = "jsonl"
+
+
+def _bar(n: int, total: int) -> None:
+    """A progress bar on a terminal; nothing when stderr is a file or a pipe."""
+    if not sys.stderr.isatty() or total <= 0:
+        return
+    done = 30 * n // total
+    typer.echo(f"\rreplaying [{'#' * done}{'.' * (30 - done)}] {n}/{total}", err=True, nl=False)
+    if n == total:
+        typer.echo("", err=True)
+
+
+@app.command()
+def replay(
+    trace: Annotated[Path, typer.Argument(help="Trace directory.")],
+    worker: Annotated[Worker, typer.Option("--worker", help="Which worker to replay into.")]
+    = Worker.shadow,
+    engine: Annotated[Optional[str], typer.Option("--engine", help="Engine directory name "
+                                                  "(default: every engine).")] = None,
+    from_: Annotated[Optional[int], typer.Option("--from", help="First step to report "
+                                                 "(earlier steps are still applied).")] = None,
+    until: Annotated[Optional[int], typer.Option("--until", help="Last step to apply.")] = None,
+    stop_at_first: Annotated[bool, typer.Option("--stop-at-first",
+                                                help="Stop at the first finding.")] = False,
+    force_recorded_tokens: Annotated[bool, typer.Option(
+        "--force-recorded-tokens", help="Real worker only: feed the recorded tokens.")] = False,
+    allow_crash: Annotated[bool, typer.Option(
+        "--allow-crash", help="Real worker only: report a crash as a finding.")] = False,
+    format: Annotated[ReplayFormat, typer.Option("--format", "-f")] = ReplayFormat.table,
+) -> None:
+    """Replay a trace into a worker. Exit 0: nothing found; 1: a finding or divergence;
+    2: unusable input."""
+    from vllm_contract.replay.session import Session
+
+    if worker is Worker.vllm:
+        fail("--worker vllm is not available yet: use --worker shadow")
+    if force_recorded_tokens or allow_crash:
+        warn("--force-recorded-tokens and --allow-crash apply to --worker vllm only: ignored")
+    try:
+        from vllm_contract.trace import open_trace
+
+        t = open_trace(trace)
+        names = [e.name for e in t.engines] if engine is None else [engine]
+        sessions = [Session(t, worker=worker.value, engine=n) for n in names]
+    except TraceError as e:
+        fail(e)
+    lo = from_ if from_ is not None else -(2**63)
+    hi = until if until is not None else 2**63 - 1
+    found, replayed = [], 0
+    stop = threading.Event()
+    for s in sessions:
+        end = sum(1 for st in s.steps if st <= hi)
+        if not stop_at_first:
+            s.goto(end, progress=_bar)
+        else:
+            while s.position < end and not stop.is_set():
+                if any(lo <= f.step <= hi for f in s.step() if f.step is not None):
+                    stop.set()
+        if s.position == len(s.steps) and not stop.is_set():
+            s.worker.finish()
+        replayed += s.position
+        found.extend(f for f in s.findings if f.step is not None and lo <= f.step <= hi)
+        if stop.is_set():
+            break
+    found.sort(key=lambda f: (f.step, f.engine or "", f.req_id or ""))
+    if stop_at_first:
+        found = found[:1]
+    rows = [f.to_dict() for f in found]
+    if format is ReplayFormat.json:
+        typer.echo(json.dumps({"worker": worker.value, "steps_replayed": replayed,
+                               "first": rows[0] if rows else None, "findings": rows,
+                               "divergences": []}, indent=2))
+    elif format is ReplayFormat.jsonl:
+        for r in rows:
+            typer.echo(json.dumps(r))
+    else:
+        for f in found:
+            who = f" req {f.req_id}" if f.req_id else ""
+            typer.echo(f"{f.severity.upper():7} {f.invariant}  step {f.step}{who}: "
+                       f"{f.message.split(': ', 1)[-1]}")
+        typer.echo(f"{replayed} step(s) replayed into the {worker.value} worker: "
+                   f"{len(found)} finding(s)")
+    if found:
+        raise typer.Exit(ExitCode.FOUND)

@@ -1,0 +1,106 @@
+"""Stepping over a trace with a worker: what the TUI and `vllm-contract replay` use.
+
+`Session(trace, worker="shadow")` steps the shadow worker (replay/worker/shadow.py) over one
+engine of a trace. Going back restores the nearest checkpoint the worker took (one every
+`checkpoint_every` steps, a copy of its whole state) and replays forward from it: at most
+`checkpoint_every - 1` steps of pure-Python work. The real-vLLM worker is not available yet.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Callable
+
+from vllm_contract.errors import TraceError
+from vllm_contract.findings import Finding
+from vllm_contract.replay.worker.shadow import ShadowWorker
+from vllm_contract.trace import Trace, open_trace
+
+Progress = Callable[[int, int], None]
+Cancel = threading.Event | Callable[[], bool] | None
+
+
+def _cancelled(cancel: Cancel) -> Callable[[], bool] | None:
+    if cancel is None:
+        return None
+    if isinstance(cancel, threading.Event):
+        return cancel.is_set
+    return cancel
+
+
+class Session:
+    """A worker stepped over one engine's recorded SchedulerOutputs.
+
+    `position` is the number of steps applied (0: none); `step()` applies the next one,
+    `back()` undoes the last, `goto(n)` reaches position n. `findings` are the worker's so far
+    (those only the trace's end tells come once the last step is applied); `divergences` are a
+    real worker's departures from the recorded outputs (always empty for the shadow)."""
+
+    def __init__(self, trace: Trace | str | Path, worker: str = "shadow",
+                 engine: str | None = None, strict_order: bool = False,
+                 checkpoint_every: int = 256) -> None:
+        if worker == "vllm":
+            raise TraceError("worker 'vllm' is not available yet: use worker='shadow'")
+        if worker != "shadow":
+            raise TraceError(f"unknown worker {worker!r}: 'shadow' or 'vllm'")
+        self.trace = trace if isinstance(trace, Trace) else open_trace(trace)
+        engines = {e.name: e for e in self.trace.engines}
+        if engine is None:
+            engine = self.trace.engines[0].name
+        if engine not in engines:
+            raise TraceError(f"no engine {engine!r} in the trace (it has "
+                             f"{', '.join(engines)})")
+        self.engine = engine
+        self.worker = ShadowWorker(engines[engine], strict_order=strict_order,
+                                   checkpoint_every=checkpoint_every)
+
+    @property
+    def steps(self) -> list[int]:
+        """The engine's recorded step numbers, in order."""
+        return self.worker.steps
+
+    @property
+    def position(self) -> int:
+        return self.worker.s.pos
+
+    @property
+    def findings(self) -> list[Finding]:
+        return list(self.worker.findings)
+
+    @property
+    def divergences(self) -> list:
+        return []
+
+    def _settle(self) -> None:
+        if self.worker.done:
+            self.worker.finish()
+
+    def step(self) -> list[Finding]:
+        """Apply the next step; its findings (and, after the last, the end-of-trace ones)."""
+        if self.worker.done:
+            return []
+        found = self.worker.step()
+        return found + (self.worker.finish() if self.worker.done else [])
+
+    def back(self) -> None:
+        self.goto(self.position - 1)
+
+    def goto(self, n: int, progress: Progress | None = None, cancel: Cancel = None) -> bool:
+        """Reach position n (clamped to 0..len(steps)); False if cancelled on the way (the
+        session then stands where it stopped)."""
+        n = max(0, min(n, len(self.steps)))
+        if n < self.position or self.worker._finished:
+            self.worker.goto(n)
+        ok = self.worker.run(until=n, progress=progress, cancel=_cancelled(cancel))
+        if ok:
+            self._settle()
+        return ok
+
+    def run(self, progress: Progress | None = None, cancel: Cancel = None) -> bool:
+        """To the end; False if cancelled."""
+        return self.goto(len(self.steps), progress, cancel)
+
+    def state(self) -> dict:
+        """The worker's state at this position, as plain data (JSON-ready)."""
+        return self.worker.state()
