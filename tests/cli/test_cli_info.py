@@ -18,7 +18,7 @@ from vllm_contract.cli import app
 from vllm_contract.trace import open_trace
 from vllm_contract.rig import scenarios
 
-ERROR_PREFIX = "vllm-contract: error:"
+from readerkit import assert_clean_failure
 
 
 @pytest.fixture(scope="module")
@@ -55,19 +55,6 @@ def steps_shown(stdout: str) -> int:
 def integrity_line(stdout: str) -> str:
     lines = [ln for ln in stdout.splitlines() if ln.startswith("integrity")]
     assert len(lines) == 1, stdout
-    return lines[0]
-
-
-def assert_clean_failure(result) -> str:
-    """Exit 2, one line on stderr with the error prefix, nothing on stdout, no traceback."""
-    assert result.exit_code == 2, (result.exit_code, result.output, result.exc_info)
-    assert result.exc_info is None or result.exc_info[0] is SystemExit, result.exc_info
-    lines = result.stderr.splitlines()
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith(ERROR_PREFIX), lines[0]
-    assert result.stdout == ""
-    for text in (result.output, result.stdout, result.stderr):
-        assert "Traceback" not in text
     return lines[0]
 
 
