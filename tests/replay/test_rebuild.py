@@ -57,8 +57,13 @@ def _assert_rebuilt_equals_live(engine, live: list[dict]):
             assert type(r) is NewRequestData and type(r.sampling_params) is SamplingParams
             assert isinstance(r.block_ids, tuple)
         assert canonical.from_live(so) == want, f"step {step} differs"
-    # A clean recording by the installed vLLM: nothing is missing, opaque or guessed.
-    assert rebuilt.notes == [] and rebuilt.message() is None
+    # A clean recording by the installed vLLM: nothing is missing, opaque or guessed. (An
+    # engine used before, as the shared one is in the full suite, may still owe its worker
+    # finished ids: the recording then begins mid-stream, and says so.)
+    if engine.manifest.get("attached_mid_stream"):
+        assert [n.split(":")[0] for n in rebuilt.notes] == ["recorded from mid-stream"]
+    else:
+        assert rebuilt.notes == [] and rebuilt.message() is None
     return steps
 
 
