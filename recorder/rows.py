@@ -125,6 +125,7 @@ class Columns:
         cannot store, quarantine their steps (every table's rows of them), keep the rest."""
         data = {t: self._pylists(t) for t in schema.TABLE_NAMES}
         bad: dict[int, str] = {}
+        bad_rows: dict[str, set[int]] = {t: set() for t in data}
         for table, cols in data.items():
             for f in schema.schema(table):
                 try:
@@ -136,6 +137,7 @@ class Columns:
                     try:
                         pa.array([v], f.type)
                     except (pa.ArrowException, TypeError, ValueError, OverflowError) as e:
+                        bad_rows[table].add(i)
                         bad.setdefault(cols["step"][i], f"{table}.{f.name}: {v!r} is not "
                                        f"{f.type} ({type(e).__name__}: {e})")
         for step, why in sorted(bad.items()):
@@ -150,8 +152,11 @@ class Columns:
         self.quarantined.update(bad)
         out = {}
         for table, cols in data.items():
-            keep = [i for i, st in enumerate(cols["step"]) if st not in bad]
-            if table not in _KEPT_WHOLE and len(keep) < len(cols["step"]):
+            if table in _KEPT_WHOLE:  # but for a row that is itself what Arrow refused
+                keep = [i for i in range(len(cols["step"])) if i not in bad_rows[table]]
+            else:
+                keep = [i for i, st in enumerate(cols["step"]) if st not in bad]
+            if len(keep) < len(cols["step"]):
                 cols = {k: [v[i] for i in keep] for k, v in cols.items()}
             if cols["step"] or table == "steps":
                 out[table] = pa.RecordBatch.from_pydict(cols, schema=schema.schema(table))
