@@ -44,6 +44,31 @@ def steps(n: int, **columns) -> list[dict]:
             for i in range(n)]
 
 
+# Rows of `requests` and `scheduled` in the shape most checks read (areas with a fixed prompt
+# or decode pattern keep their own shorter makers).
+def intro(step: int, rid: str, prompt_len: int, pos: int = 0) -> dict:
+    return {"step": step, "req_id": rid, "pos": pos, "prompt_len": prompt_len}
+
+
+def new(step: int, rid: str, computed: int, sched: int, blocks: list[int], pos: int = 0) -> dict:
+    return {"step": step, "req_id": rid, "kind": "new", "pos": pos,
+            "num_computed_tokens": computed, "num_scheduled_tokens": sched,
+            "new_block_ids": [blocks]}
+
+
+def cached(step: int, rid: str, computed: int, sched: int, blocks: list[int] | None = None,
+           pos: int = 0, **more) -> dict:
+    return {"step": step, "req_id": rid, "kind": "cached", "pos": pos,
+            "num_computed_tokens": computed, "num_scheduled_tokens": sched,
+            "new_block_ids": None if blocks is None else [blocks], **more}
+
+
+def resumed(step: int, rid: str, computed: int, sched: int, blocks: list[int],
+            pos: int = 0) -> dict:
+    return {**cached(step, rid, computed, sched, blocks, pos), "kind": "resumed",
+            "resumed": True}
+
+
 def write(root: Path, tables: dict[str, list[dict]], engine: str = ENGINE,
           settings: dict | None = None, absent: tuple[str, ...] = ("transport",),
           **manifest) -> Path:

@@ -6,27 +6,7 @@ The look-alike engine has 16 KV blocks of 4 tokens (tinytrace.SETTINGS)."""
 from __future__ import annotations
 
 import tinytrace as tt
-
-
-def intro(step, rid, prompt_len, pos=0):
-    return {"step": step, "req_id": rid, "pos": pos, "prompt_len": prompt_len}
-
-
-def new(step, rid, computed, sched, blocks, pos=0):
-    return {"step": step, "req_id": rid, "kind": "new", "pos": pos,
-            "num_computed_tokens": computed, "num_scheduled_tokens": sched,
-            "new_block_ids": [blocks]}
-
-
-def cached(step, rid, computed, sched, blocks=None, pos=0):
-    return {"step": step, "req_id": rid, "kind": "cached", "pos": pos,
-            "num_computed_tokens": computed, "num_scheduled_tokens": sched,
-            "new_block_ids": None if blocks is None else [blocks]}
-
-
-def resumed(step, rid, computed, sched, blocks, pos=0):
-    return {**cached(step, rid, computed, sched, blocks, pos), "kind": "resumed",
-            "resumed": True}
+from tinytrace import cached, intro, new, resumed
 
 
 def write(tmp_path, n_steps, scheduled, settings=None, **tables):

@@ -6,22 +6,7 @@ The look-alike engine allows 4 requests and 32 tokens a step (tinytrace.SETTINGS
 from __future__ import annotations
 
 import tinytrace as tt
-
-
-def intro(step, rid, prompt_len, pos=0):
-    return {"step": step, "req_id": rid, "pos": pos, "prompt_len": prompt_len}
-
-
-def new(step, rid, computed, sched, blocks, pos=0):
-    return {"step": step, "req_id": rid, "kind": "new", "pos": pos,
-            "num_computed_tokens": computed, "num_scheduled_tokens": sched,
-            "new_block_ids": [blocks]}
-
-
-def cached(step, rid, computed, sched, blocks=None, pos=0):
-    return {"step": step, "req_id": rid, "kind": "cached", "pos": pos,
-            "num_computed_tokens": computed, "num_scheduled_tokens": sched,
-            "new_block_ids": None if blocks is None else [blocks]}
+from tinytrace import cached, intro, new
 
 
 def write(tmp_path, n_steps, scheduled, **tables):

@@ -5,27 +5,7 @@ scheduled, less the draft tokens the model rejected, and may restart only across
 from __future__ import annotations
 
 import tinytrace as tt
-
-
-def intro(step, rid, prompt_len, pos=0):
-    return {"step": step, "req_id": rid, "pos": pos, "prompt_len": prompt_len}
-
-
-def new(step, rid, computed, sched, blocks, pos=0):
-    return {"step": step, "req_id": rid, "kind": "new", "pos": pos,
-            "num_computed_tokens": computed, "num_scheduled_tokens": sched,
-            "new_block_ids": [blocks]}
-
-
-def cached(step, rid, computed, sched, blocks=None, pos=0, drafts=None):
-    return {"step": step, "req_id": rid, "kind": "cached", "pos": pos,
-            "num_computed_tokens": computed, "num_scheduled_tokens": sched,
-            "new_block_ids": None if blocks is None else [blocks], "spec_token_ids": drafts}
-
-
-def resumed(step, rid, computed, sched, blocks, pos=0):
-    return {**cached(step, rid, computed, sched, blocks, pos), "kind": "resumed",
-            "resumed": True}
+from tinytrace import cached, intro, new, resumed
 
 
 def sampled(step, rid, *tokens):
@@ -69,7 +49,7 @@ def _speculate(tmp_path, computed_at_2):
     # step 1 schedules one token and two drafts (3 tokens at 8); the model samples 2 tokens,
     # so it accepted one draft and rejected the other, which step 2's count must leave out
     write(tmp_path,
-          [new(0, "a", 0, 8, [0, 1]), cached(1, "a", 8, 3, [2], drafts=[21, 22]),
+          [new(0, "a", 0, 8, [0, 1]), cached(1, "a", 8, 3, [2], spec_token_ids=[21, 22]),
            cached(2, "a", computed_at_2, 1)],
           requests=[intro(0, "a", 8)],
           model_outputs=[sampled(0, "a", 11), sampled(1, "a", 21, 23), sampled(2, "a", 24)])
