@@ -1,5 +1,6 @@
 """`replay`: step a worker over a trace's recorded SchedulerOutputs and report where it would
-raise or go wrong (the shadow worker today; the real vLLM worker is to come)."""
+raise or go wrong (the shadow worker), or where a real vLLM worker's tokens depart from the
+recorded ones (`--worker vllm`)."""
 
 from __future__ import annotations
 
@@ -55,16 +56,23 @@ def replay(
         "--force-recorded-tokens", help="Real worker only: feed the recorded tokens.")] = False,
     allow_crash: Annotated[bool, typer.Option(
         "--allow-crash", help="Real worker only: report a crash as a finding.")] = False,
+    model: Annotated[Optional[Path], typer.Option(
+        "--model", help="Real worker only: a copy of the trace's model, when the path its "
+        "manifest names is not there.")] = None,
     format: Annotated[ReplayFormat, typer.Option("--format", "-f")] = ReplayFormat.table,
 ) -> None:
     """Replay a trace into a worker. Exit 0: nothing found; 1: a finding or divergence;
-    2: unusable input."""
+    2: unusable input. With --worker vllm, --from is the step the worker starts at (a real
+    worker cannot skip the steps before it)."""
     from vllm_contract.replay.session import Session
 
     if worker is Worker.vllm:
-        fail("--worker vllm is not available yet: use --worker shadow")
-    if force_recorded_tokens or allow_crash:
-        warn("--force-recorded-tokens and --allow-crash apply to --worker vllm only: ignored")
+        _replay_real(trace, engine, from_, until, stop_at_first, force_recorded_tokens,
+                     allow_crash, model, format)
+        return
+    if force_recorded_tokens or allow_crash or model is not None:
+        warn("--force-recorded-tokens, --allow-crash and --model apply to --worker vllm only: "
+             "ignored")
     try:
         from vllm_contract.trace import open_trace
 
@@ -109,5 +117,48 @@ def replay(
                        f"{f.message.split(': ', 1)[-1]}")
         typer.echo(f"{replayed} step(s) replayed into the {worker.value} worker: "
                    f"{len(found)} finding(s)")
+    if found:
+        raise typer.Exit(ExitCode.FOUND)
+
+
+def _replay_real(trace: Path, engine: str | None, start: int | None, until: int | None,
+                 stop_at_first: bool, force: bool, allow_crash: bool, model: Path | None,
+                 format: ReplayFormat) -> None:
+    from vllm_contract.replay.worker import real_run
+    from vllm_contract.trace import open_trace
+
+    model_path = None if model is None else str(model)
+    try:
+        t = open_trace(trace)
+        p = real_run.prepare(t, engine, model_path, start, until)
+        if allow_crash:
+            res = real_run.run_in_child(p, str(t.root), model_path, start, until, force,
+                                        stop_at_first, progress=_bar)
+        else:
+            res = real_run.run_here(p, force, False, stop_at_first, progress=_bar)
+    except TraceError as e:
+        fail(e)
+    found = res.all_findings()
+    if format is ReplayFormat.json:
+        typer.echo(json.dumps(res.to_dict(), indent=2))
+    elif format is ReplayFormat.jsonl:
+        for f in found:
+            typer.echo(json.dumps(f.to_dict()))
+    else:
+        for n in res.notes:
+            typer.echo(f"note: {n}", err=True)
+        if res.not_comparable:
+            first = next(iter(res.not_comparable.items()))
+            typer.echo(f"note: {len(res.not_comparable)} request(s) not compared token for "
+                       f"token (e.g. {first[0]}: {first[1]}); --force-recorded-tokens keeps "
+                       "their recorded context", err=True)
+        for f in found:
+            who = f" req {f.req_id}" if f.req_id else ""
+            typer.echo(f"{f.severity.upper():7} {f.invariant}  step {f.step}{who}: {f.message}")
+        if res.crash and res.crash.get("traceback"):
+            typer.echo(res.crash["traceback"].rstrip(), err=True)
+        typer.echo(f"{res.steps_replayed} of {len(p.steps)} step(s) replayed into a vLLM "
+                   f"worker (engine {res.engine}): {len(res.divergences)} divergence(s), "
+                   f"{len(res.findings)} other finding(s)")
     if found:
         raise typer.Exit(ExitCode.FOUND)

@@ -3,7 +3,15 @@
 `Session(trace, worker="shadow")` steps the shadow worker (replay/worker/shadow.py) over one
 engine of a trace. Going back restores the nearest checkpoint the worker took (one every
 `checkpoint_every` steps, a copy of its whole state) and replays forward from it: at most
-`checkpoint_every - 1` steps of pure-Python work. The real-vLLM worker is not available yet.
+`checkpoint_every - 1` steps of pure-Python work.
+
+`Session(trace, worker="vllm")` builds a vLLM engine from the trace's manifest and feeds it the
+recorded steps (replay/worker/real.py); `divergences` lists where its sampled tokens differ from
+the recorded ones. vLLM's worker state cannot be checkpointed, so going back re-runs from the
+start: one empty step frees every request the worker holds (no engine restart), then the steps
+up to the target run again; going back to position n costs n real steps. A step at which the
+shadow worker says vLLM's worker would raise is refused (TraceError) unless `allow_crash`; a
+worker that raises is reported as a `replay.crash` finding and the session then only goes back.
 """
 
 from __future__ import annotations
@@ -39,12 +47,20 @@ class Session:
 
     def __init__(self, trace: Trace | str | Path, worker: str = "shadow",
                  engine: str | None = None, strict_order: bool = False,
-                 checkpoint_every: int = 256) -> None:
-        if worker == "vllm":
-            raise TraceError("worker 'vllm' is not available yet: use worker='shadow'")
-        if worker != "shadow":
+                 checkpoint_every: int = 256, model: str | None = None,
+                 force_recorded_tokens: bool = False, allow_crash: bool = False,
+                 llm=None) -> None:
+        if worker not in ("shadow", "vllm"):
             raise TraceError(f"unknown worker {worker!r}: 'shadow' or 'vllm'")
         self.trace = trace if isinstance(trace, Trace) else open_trace(trace)
+        self.kind = worker
+        if worker == "vllm":
+            from vllm_contract.replay.worker.real_run import RealSession
+
+            self.worker = RealSession(self.trace, engine, model, force_recorded_tokens,
+                                      allow_crash, llm)
+            self.engine = self.worker.engine
+            return
         engines = {e.name: e for e in self.trace.engines}
         if engine is None:
             engine = self.trace.engines[0].name
@@ -62,7 +78,7 @@ class Session:
 
     @property
     def position(self) -> int:
-        return self.worker.s.pos
+        return self.worker.pos if self.kind == "vllm" else self.worker.s.pos
 
     @property
     def findings(self) -> list[Finding]:
@@ -70,14 +86,24 @@ class Session:
 
     @property
     def divergences(self) -> list:
-        return []
+        """A real worker's token divergences so far (Divergence: step, req_id, recorded,
+        replayed); always empty for the shadow worker."""
+        return list(getattr(self.worker, "divergences", []))
+
+    @property
+    def notes(self) -> list[str]:
+        """What a real worker's replay cannot compare or reproduce (empty for the shadow)."""
+        return list(getattr(self.worker, "notes", []))
 
     def _settle(self) -> None:
         if self.worker.done:
             self.worker.finish()
 
-    def step(self) -> list[Finding]:
-        """Apply the next step; its findings (and, after the last, the end-of-trace ones)."""
+    def step(self) -> list:
+        """Apply the next step; its findings (and, after the last, the end-of-trace ones), or
+        with a real worker its divergences and crash findings."""
+        if self.kind == "vllm":
+            return self.worker.step()
         if self.worker.done:
             return []
         found = self.worker.step()
@@ -90,6 +116,8 @@ class Session:
         """Reach position n (clamped to 0..len(steps)); False if cancelled on the way (the
         session then stands where it stopped)."""
         n = max(0, min(n, len(self.steps)))
+        if self.kind == "vllm":
+            return self.worker.goto(n, progress, _cancelled(cancel))
         if n < self.position or self.worker._finished:
             self.worker.goto(n)
         ok = self.worker.run(until=n, progress=progress, cancel=_cancelled(cancel))

@@ -342,8 +342,10 @@ class Rebuilt:
         self._decoder = _Decoder(self._notes)
         m = engine.manifest
         ver, here = m.get("vllm_version"), getattr(vllm, "__version__", "?")
+        self.installed_version = here
         listed = m.get("fields") or {}
         self.recorded: dict[str, list[str]] = {}
+        self.drift: list[str] = []  # field-set differences between the trace's vLLM and ours
         for name, cls in self.classes.items():
             installed = self._decoder.fields(cls)
             if name not in listed:
@@ -353,6 +355,7 @@ class Rebuilt:
             self.recorded[name] = rec
             lacks = [f for f in rec if f not in installed]
             if lacks:
+                self.drift.append(f"{name} lacks {', '.join(lacks)}")
                 self._head.append(f"{name}: recorded by vLLM {ver} with field(s) "
                                   f"{', '.join(lacks)} that the installed vLLM {here} lacks: "
                                   "left out")
@@ -360,6 +363,7 @@ class Rebuilt:
             for f in missing:  # said once here, not again per object
                 self._notes.add((name, f, "missing"), "")
             if missing:
+                self.drift.append(f"{name} adds {', '.join(missing)}")
                 self._head.append(f"{name}: the installed vLLM {here} has field(s) "
                                   f"{', '.join(missing)} that the trace (vLLM {ver}) lacks: "
                                   "left at their defaults (None where required)")

@@ -61,8 +61,8 @@ def test_progress_and_cancel():
 
 
 def test_unknown_workers_and_engines_are_trace_errors():
-    with pytest.raises(TraceError, match="not available yet"):
-        Session(SAMPLES / "mixed", worker="vllm")
+    with pytest.raises(TraceError, match="unknown worker 'gpu'"):
+        Session(SAMPLES / "mixed", worker="gpu")
     with pytest.raises(TraceError, match="no engine"):
         Session(SAMPLES / "mixed", engine="engine=nope")
 
@@ -97,8 +97,9 @@ def test_replay_stop_at_first_from_until_and_jsonl():
 def test_replay_exit_2_on_unusable_input(tmp_path):
     r = runner.invoke(app, ["replay", str(tmp_path / "missing")])
     assert r.exit_code == 2 and "no such trace" in r.stderr
-    r = runner.invoke(app, ["replay", str(SAMPLES / "mixed"), "--worker", "vllm"])
-    assert r.exit_code == 2 and "not available yet" in r.stderr
+    r = runner.invoke(app, ["replay", str(SAMPLES / "mixed"), "--worker", "vllm", "--model",
+                            str(tmp_path / "no-model")])
+    assert r.exit_code == 2 and "does not exist here" in r.stderr
     r = runner.invoke(app, ["replay", str(SAMPLES / "mixed"), "--worker", "gpu"])
     assert r.exit_code == 2
 
