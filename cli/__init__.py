@@ -8,13 +8,13 @@ import sys
 
 import typer
 
-from vllm_contract.cli import check, live, replay, trace
+from vllm_contract.cli import check, live, replay, trace, tui
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   rich_markup_mode="markdown",
                   help="Record, check and replay the contract between vLLM's scheduler and "
                        "its workers.")
-for group in (trace, check, live, replay):
+for group in (trace, check, live, replay, tui):
     app.add_typer(group.app)
 
 

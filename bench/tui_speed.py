@@ -1,0 +1,132 @@
+"""The TUI on a large trace, headless (Textual's pilot): time to first paint, step-to-step
+navigation, jump to the next finding, and memory after many random navigations.
+
+Usage: python bench/tui_speed.py TRACE [--presses 10000] [--moves 300]
+(TRACE: e.g. `python bench/gen_trace.py /tmp/t1m --steps 1000000`.)
+
+- first paint: from constructing the app's data (the gateway and its views) to the first rows
+  of the steps list drawn, the cursor's detail read as well.
+- navigation: one `j` key, until the list shows the new cursor's row (`list`) and until that
+  step's detail is read (`detail`, which waits out the app's debounce).
+- next finding: one `n`, until the list shows the finding's step. The generated trace is clean,
+  so the app is given one finding every 997 steps (findings' source does not matter to the jump:
+  it is a search in the sorted steps with findings, then the page and detail of that step).
+- memory: resident set size after the warm-up and after `--presses` random navigations
+  (j, k, pages, first, last, go to a random step); the page cache is bounded (64 pages).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import platform
+import random
+import sys
+import time
+from pathlib import Path
+
+from vllm_contract.findings import Finding
+from vllm_contract.tui import messages as m
+from vllm_contract.tui.app import ContractApp
+from vllm_contract.tui.data import TraceData
+
+
+def rss_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+async def until(pilot, cond, timeout=60.0):
+    # asyncio.sleep, not pilot.pause: the pilot waits for the whole process to fall idle,
+    # DuckDB's threads included, which is not what a person waits for
+    end = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > end:
+            raise TimeoutError
+        await asyncio.sleep(0.001)
+
+
+async def press(app, key: str) -> None:
+    """A key as the terminal sends it, through the app's bindings."""
+    app.simulate_key(key)
+    await asyncio.sleep(0)
+
+
+def p(values, q):
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))] * 1000
+
+
+async def main(trace: Path, presses: int, moves: int) -> None:
+    t0 = time.perf_counter()
+    data = TraceData(trace)
+    app = ContractApp(data, run_checks=False)
+    async with app.run_test(size=(150, 45)) as pilot:
+        lst = app.steps
+        await until(pilot, lambda: len(lst.steps) and lst.row(0) is not None)
+        first_rows = time.perf_counter() - t0
+        await until(pilot, lambda: app.query_one("DetailPane").detail is not None)
+        first_detail = time.perf_counter() - t0
+        n = len(lst.steps)
+        print(f"trace: {trace} ({n} steps)")
+        print(f"first paint: rows {first_rows:.2f} s, with the detail {first_detail:.2f} s")
+
+        nav_list, nav_detail = [], []
+        app.goto_step(int(lst.steps[n // 2]))
+        for _ in range(moves):
+            want = lst.cursor + 1
+            t = time.perf_counter()
+            await press(app, "j")
+            await until(pilot, lambda want=want: lst.cursor == want and lst.row(lst.cursor) is not None)
+            nav_list.append(time.perf_counter() - t)
+            await until(pilot, lambda: (d := app.query_one("DetailPane").detail) is not None
+                        and d.step == lst.step)
+            nav_detail.append(time.perf_counter() - t)
+        print(f"navigation (j) x{moves}: list p50 {p(nav_list, .5):.1f} ms, p95 "
+              f"{p(nav_list, .95):.1f} ms; detail p50 {p(nav_detail, .5):.1f} ms, p95 "
+              f"{p(nav_detail, .95):.1f} ms")
+
+        every = 997
+        fake = [Finding("bench.synthetic", "error", int(s), None, "synthetic", data.engine)
+                for s in lst.steps[::every]]
+        app.on_findings_loaded(m.FindingsLoaded(fake, {}))
+        app.goto_step(int(lst.steps[0]))
+        jumps = []
+        for _ in range(min(moves, 200)):
+            t = time.perf_counter()
+            here = lst.cursor
+            await press(app, "n")
+            await until(pilot, lambda here=here: lst.cursor != here and lst.row(lst.cursor) is not None)
+            jumps.append(time.perf_counter() - t)
+            assert lst.cursor % every == 0
+        print(f"next finding (n) x{len(jumps)}: p50 {p(jumps, .5):.1f} ms, p95 "
+              f"{p(jumps, .95):.1f} ms")
+
+        rng = random.Random(0)
+        before = rss_mb()
+        t = time.perf_counter()
+        for i in range(presses):
+            r = rng.random()
+            if r < 0.05:
+                app.goto_step(int(lst.steps[rng.randrange(n)]))
+            else:
+                await press(app, rng.choice(("j", "j", "j", "k", "k", "pagedown", "pageup",
+                                             "n", "N", "g", "G")))
+            await asyncio.sleep(0.001)
+        await asyncio.sleep(2)
+        after = rss_mb()
+        print(f"{presses} random navigations in {time.perf_counter() - t:.0f} s: RSS "
+              f"{before:.0f} MB -> {after:.0f} MB; pages cached {len(lst.pages)} "
+              f"(bound {64})")
+    print(f"machine: {platform.node()} {platform.machine()}, Python {sys.version.split()[0]}")
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("trace", type=Path)
+    ap.add_argument("--presses", type=int, default=10_000)
+    ap.add_argument("--moves", type=int, default=300)
+    a = ap.parse_args()
+    asyncio.run(main(a.trace, a.presses, a.moves))
