@@ -122,7 +122,7 @@ def size(model: str, n: int, steps: int, tmp: Path) -> dict:
     rows = trace.read("scheduled").num_rows
     # pickle holds the SchedulerOutputs only: compare with the tables that hold them, and show
     # the model outputs and update/finish tables (which pickle does not have) beside it.
-    per_table = {t: sum(p.stat().st_size for p in (out / e.name / t).glob("*.parquet"))
+    per_table = {t: sum(p.stat().st_size for p in schema.table_dir(e.dir, t).glob("*.parquet"))
                  for e in trace.engines for t in schema.TABLE_NAMES}
     so_bytes = sum(per_table[t] for t in SCHEDULER_OUTPUT_TABLES)
     return {"reqs": n, "steps": steps, "rows": rows, "trace_bytes_per_row": so_bytes / rows,

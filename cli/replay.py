@@ -45,7 +45,7 @@ def replay(
     trace: Annotated[Path, typer.Argument(help="Trace directory.")],
     worker: Annotated[Worker, typer.Option("--worker", help="Which worker to replay into.")]
     = Worker.shadow,
-    engine: Annotated[Optional[str], typer.Option("--engine", help="Engine directory name "
+    engine: Annotated[Optional[str], typer.Option("--engine", help="Engine name "
                                                   "(default: every engine).")] = None,
     from_: Annotated[Optional[int], typer.Option("--from", help="First step to report "
                                                  "(earlier steps are still applied).")] = None,

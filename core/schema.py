@@ -6,13 +6,43 @@ is generated from it (`make docs`), and a test keeps the two equal.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pyarrow as pa
 
-FORMAT_VERSION = 1
+# 2: every table is one Hive-partitioned dataset, TRACE/<table>/engine=<name>/, and each
+# engine's manifest lies in TRACE/_engines/engine=<name>/ (a folder dataset readers skip);
+# 1: TRACE/engine=<name>/{manifest.json,<table>/}. Both are read.
+FORMAT_VERSION = 2
 MANIFEST = "manifest.json"
 SEGMENT_SUFFIX = ".arrows"
 PARQUET_SUFFIX = ".parquet"
 ENGINE_DIR_PREFIX = "engine="
+ENGINES_DIR = "_engines"
+
+
+def table_dir(home: Path, table: str) -> Path:
+    """Where an engine's segments of `table` lie, given the engine's home (the directory of
+    its manifest): beside the engines folder in format 2, inside the home in format 1."""
+    if home.parent.name == ENGINES_DIR:
+        return home.parent.parent / table / home.name
+    return home / table
+
+
+def table_of(segment: Path) -> str:
+    """The table a segment file belongs to, in either format."""
+    parent = segment.parent
+    return parent.parent.name if parent.name.startswith(ENGINE_DIR_PREFIX) else parent.name
+
+
+def engine_name(home: Path) -> str:
+    """An engine's plain name (the value of its `engine` partition key)."""
+    return plain_engine(home.name)
+
+
+def plain_engine(name: str) -> str:
+    """An engine named by the user, as its directory (`engine=NAME`) or plainly."""
+    return name.removeprefix(ENGINE_DIR_PREFIX)
 
 _I64 = pa.int64()
 _I32 = pa.int32()

@@ -96,18 +96,18 @@ class EngineTrace:
     def committed_rows(self, path: Path) -> int | None:
         """How many rows of a stream segment belong to whole flushes (see ROWS_KEY); None: all
         of them (Parquet, the steps table itself, a segment written before commit markers)."""
-        table = path.parent.name
+        table = schema.table_of(path)
         if path.suffix != schema.SEGMENT_SUFFIX or table == "steps":
             return None
         if path.name not in self._commits:
-            self._commits[path.name] = _commits(self.dir / "steps" / path.name,
+            self._commits[path.name] = _commits(schema.table_dir(self.dir, "steps") / path.name,
                                                 self.root or self.dir)
         rows = self._commits[path.name]
         return None if rows is None else rows.get(table, 0)
 
     @property
     def name(self) -> str:
-        return self.dir.name
+        return schema.engine_name(self.dir)
 
     def segments(self, table: str) -> list[Path]:
         """One path per sequence number; Parquet wins over a leftover stream of the same number
@@ -115,7 +115,7 @@ class EngineTrace:
         is a regular file inside the trace."""
         root = self.root or self.dir
         by_seq: dict[str, Path] = {}
-        tdir = self.dir / table
+        tdir = schema.table_dir(self.dir, table)
         if not tdir.is_dir():
             return []
         inside(tdir, root)
@@ -177,7 +177,7 @@ class EngineTrace:
 
 def _want(path: Path, columns: list[str] | None) -> pa.Schema | None:
     """The schema a segment must have: its table's (the folder's name), or None if unknown."""
-    table = path.parent.name
+    table = schema.table_of(path)
     if table not in schema.TABLES:
         return None
     want = schema.schema(table)
@@ -190,7 +190,7 @@ def _conform(path: Path, data: pa.Table, want: pa.Schema | None) -> pa.Table:
     try:
         return data.cast(want)
     except (pa.ArrowException, ValueError, TypeError) as e:
-        raise TraceError(f"{path}: not a segment of table {path.parent.name}: its columns "
+        raise TraceError(f"{path}: not a segment of table {schema.table_of(path)}: its columns "
                          f"differ ({e})") from None
 
 
@@ -374,7 +374,8 @@ class Trace:
 
 
 def open_trace(path: str | Path) -> Trace:
-    """A trace root (several engines) or one engine directory."""
+    """A trace root (several engines), or one engine's directory (format 1) or home (format
+    2: TRACE/_engines/engine=NAME, whose tables lie under TRACE)."""
     root = Path(path)
     with reading(root):
         if not root.exists():
@@ -383,11 +384,17 @@ def open_trace(path: str | Path) -> Trace:
             raise TraceError(f"{root}: not a directory (a trace is a directory)")
         if os.path.lexists(root / schema.MANIFEST):
             dirs = [root]
+            if root.parent.name == schema.ENGINES_DIR:
+                root = root.parent.parent
         else:
-            dirs = sorted(p for p in root.iterdir()
+            homes = root / schema.ENGINES_DIR
+            dirs = sorted(p for p in (homes.iterdir() if homes.is_dir() else ())
                           if p.name.startswith(schema.ENGINE_DIR_PREFIX) and p.is_dir())
+            dirs += sorted(p for p in root.iterdir()
+                           if p.name.startswith(schema.ENGINE_DIR_PREFIX) and p.is_dir())
     if not dirs:
-        raise TraceError(f"{root}: empty: no {schema.MANIFEST} and no engine=* directories")
+        raise TraceError(f"{root}: empty: no {schema.MANIFEST}, no {schema.ENGINES_DIR}/engine=* "
+                         "and no engine=* directories")
     for d in dirs:
         inside(d, root)
     return Trace(root, [EngineTrace(d, load_manifest(d, root), root=root) for d in dirs])

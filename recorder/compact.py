@@ -36,7 +36,7 @@ def compact_engine(e: EngineTrace, on_file=None) -> dict:
              "bytes_after": 0}
     # `steps` last: its streams say where the other tables' flushes end (committed_rows)
     for table in sorted(schema.TABLE_NAMES, key=lambda t: t == "steps"):
-        for path in (e.dir / table).glob(f"*{schema.SEGMENT_SUFFIX}"):
+        for path in schema.table_dir(e.dir, table).glob(f"*{schema.SEGMENT_SUFFIX}"):
             if path.with_suffix(schema.PARQUET_SUFFIX).exists():  # a crash mid-compaction
                 path.unlink()
         streams = [p for p in e.segments(table) if p.suffix == schema.SEGMENT_SUFFIX]

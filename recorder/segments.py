@@ -27,7 +27,7 @@ def write_json_atomic(path: Path, data: dict) -> None:
 
 
 def segment_path(engine_dir: Path, table: str, seq: int, suffix: str) -> Path:
-    return engine_dir / table / f"{seq:06d}{suffix}"
+    return schema.table_dir(engine_dir, table) / f"{seq:06d}{suffix}"
 
 
 class SegmentSet:
@@ -42,7 +42,7 @@ class SegmentSet:
         self.steps: list[int] | None = None  # [first, last] step of the open segment's `steps`
         self.closed: list[dict] = []  # {segment, bytes, steps} of closed segments, oldest first
         for table in schema.TABLE_NAMES:
-            (engine_dir / table).mkdir(parents=True, exist_ok=True)
+            schema.table_dir(engine_dir, table).mkdir(parents=True, exist_ok=True)
         self._open()
 
     def _open(self) -> None:

@@ -34,8 +34,10 @@ def engine_dir_name(host: str, pid: int, dp_rank: int) -> str:
 
 
 def _new_engine_dir(root: Path, name: str) -> Path:
-    """A directory no other recording uses: a second attach() in the same process and rank
-    gets `<name>.1`, and so on. Never reuse one: its segments would be truncated."""
+    """An engine home (TRACE/_engines/<name>) no other recording uses: a second attach() in
+    the same process and rank gets `<name>.1`, and so on. Never reuse one: its segments would
+    be truncated."""
+    root = root / schema.ENGINES_DIR
     root.mkdir(parents=True, exist_ok=True)
     for k in range(10_000):
         path = root / (name if k == 0 else f"{name}.{k}")

@@ -20,6 +20,7 @@ import threading
 from pathlib import Path
 from typing import Callable
 
+from vllm_contract import schema
 from vllm_contract.errors import TraceError
 from vllm_contract.findings import Finding
 from vllm_contract.replay.worker.shadow import ShadowWorker
@@ -64,6 +65,7 @@ class Session:
         engines = {e.name: e for e in self.trace.engines}
         if engine is None:
             engine = self.trace.engines[0].name
+        engine = schema.plain_engine(engine)
         if engine not in engines:
             raise TraceError(f"no engine {engine!r} in the trace (it has "
                              f"{', '.join(engines)})")

@@ -64,10 +64,10 @@ def edit(path: Path, table: str, fn) -> None:
     compact(t)
     (e,) = t.engines
     rows = fn(e.read(table).to_pylist())
-    for p in (e.dir / table).glob("*.parquet"):
+    for p in schema.table_dir(e.dir, table).glob("*.parquet"):
         p.unlink()
     pq.write_table(pa.Table.from_pylist(rows, schema=schema.schema(table)),
-                   e.dir / table / "000000.parquet")
+                   schema.table_dir(e.dir, table) / "000000.parquet")
 
 
 def edit_manifest(path: Path, **changes) -> None:

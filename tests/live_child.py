@@ -84,10 +84,10 @@ def use_batch_queue(llm) -> None:
 def plant_devfull(trace_root: Path) -> None:
     from vllm_contract import schema
 
-    (engine,) = trace_root.glob(schema.ENGINE_DIR_PREFIX + "*")
+    (engine,) = (trace_root / schema.ENGINES_DIR).glob(schema.ENGINE_DIR_PREFIX + "*")
     for table in schema.TABLE_NAMES:
         for k in range(1, 1000):
-            p = engine / table / f"{k:06d}{schema.SEGMENT_SUFFIX}"
+            p = schema.table_dir(engine, table) / f"{k:06d}{schema.SEGMENT_SUFFIX}"
             if not p.exists():
                 p.symlink_to("/dev/full")
 

@@ -25,8 +25,28 @@ ERROR_PREFIX = "vllm-contract: error:"
 
 
 def engine_dir(root: Path) -> Path:
-    (d,) = [p for p in root.iterdir() if p.name.startswith(schema.ENGINE_DIR_PREFIX)]
+    """The one engine's home (the directory of its manifest), in either format."""
+    homes = root / schema.ENGINES_DIR
+    (d,) = [p for p in (homes.iterdir() if homes.is_dir() else root.iterdir())
+            if p.name.startswith(schema.ENGINE_DIR_PREFIX)]
     return d
+
+
+def table_dir(root: Path, table: str) -> Path:
+    """Where the one engine's segments of `table` lie, in either format."""
+    return schema.table_dir(engine_dir(root), table)
+
+
+def copy_engine(root: Path, name: str) -> Path:
+    """A second engine in the trace, `name`, a copy of its one engine (either format)."""
+    home = engine_dir(root)
+    new = home.with_name(f"{schema.ENGINE_DIR_PREFIX}{name}")
+    shutil.copytree(home, new)
+    if home.parent.name == schema.ENGINES_DIR:
+        for table in schema.TABLE_NAMES:
+            if schema.table_dir(home, table).is_dir():
+                shutil.copytree(schema.table_dir(home, table), schema.table_dir(new, table))
+    return new
 
 
 def copy_sample(name: str, dst: Path) -> Path:

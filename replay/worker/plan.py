@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pyarrow.compute as pc
 
+from vllm_contract import schema
 from vllm_contract.errors import TraceError
 
 
@@ -41,6 +42,7 @@ def pick_engine(trace, engine: str | None):
             raise TraceError(f"the trace has {len(engines)} engines ({', '.join(engines)}): "
                              "choose one with --engine")
         return next(iter(engines.values()))
+    engine = schema.plain_engine(engine)
     if engine not in engines:
         raise TraceError(f"no engine {engine!r} in the trace (it has {', '.join(engines)})")
     return engines[engine]

@@ -115,7 +115,7 @@ def test_user_check_and_a_trace_lacking_a_table(tiny_model, tmp_path):
     (e,) = open_trace(trace).engines
     import shutil
 
-    shutil.rmtree(e.dir / "finish_events")
+    shutil.rmtree(schema.table_dir(e.dir, "finish_events"))
     report = findings(trace)
     assert "finished.leaked" in report.skipped
     assert "finish_events" in report.skipped["finished.leaked"]

@@ -24,7 +24,7 @@ def trace(request, tmp_path):
 
 
 def seg(root, table="steps"):
-    (p,) = (rk.engine_dir(root) / table).iterdir()
+    (p,) = (rk.table_dir(root, table)).iterdir()
     return p
 
 
@@ -63,7 +63,7 @@ def test_segment_is_a_directory(trace):
 
 
 def test_table_directory_links_out_of_the_trace(trace, tmp_path):
-    tdir = rk.engine_dir(trace) / "steps"
+    tdir = rk.table_dir(trace, "steps")
     shutil.move(tdir, tmp_path / "elsewhere")
     tdir.symlink_to(tmp_path / "elsewhere")
     refused(trace, "outside the trace")

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from vllm_contract import schema
 from vllm_contract.cli import app
 from vllm_contract.recorder import plugin, settings
 from vllm_contract.recorder.armed import RecordingError
@@ -77,7 +78,7 @@ def wait_sealed(trace_dir: Path, timeout: float = 30) -> None:
     """A recording that ends at a step boundary is sealed by its writer thread, a moment later."""
     end = time.time() + timeout
     while True:
-        manifests = list(trace_dir.glob("engine=*/manifest.json"))
+        manifests = list(trace_dir.glob(f"{schema.ENGINES_DIR}/engine=*/manifest.json"))
         if manifests and all(json.loads(m.read_text())["ended_at"] for m in manifests):
             return
         assert time.time() < end, f"{trace_dir} not sealed"
@@ -203,7 +204,7 @@ def test_recorder_error_closes_the_recording_and_the_engine_goes_on(load, armed,
     assert rec.flush(10)  # the tables' directories exist (a writer process starts on its own)
     for table in ("steps", "scheduled"):
         for k in range(1, 200):
-            p = rec.path / table / f"{k:06d}.arrows"
+            p = schema.table_dir(rec.path, table) / f"{k:06d}.arrows"
             if not p.exists():
                 p.symlink_to("/dev/full")
     load.drain()

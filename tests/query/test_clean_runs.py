@@ -100,12 +100,17 @@ def test_engines_in_one_root_are_checked_apart(tiny_model, tmp_path):
     alone = {}
     for name in ("a", "b"):
         (e,) = open_trace(tmp_path / name).engines
-        alone[name] = shutil.copytree(e.dir, root / f"engine={name}-dp0")
-    assert {p.suffix for p in (alone["a"] / "scheduled").iterdir()} == {schema.SEGMENT_SUFFIX}
-    assert {p.suffix for p in (alone["b"] / "scheduled").iterdir()} == {schema.PARQUET_SUFFIX}
+        home = root / schema.ENGINES_DIR / f"engine={name}-dp0"
+        alone[name] = shutil.copytree(e.dir, home)
+        for table in schema.TABLE_NAMES:
+            shutil.copytree(schema.table_dir(e.dir, table), schema.table_dir(home, table))
+    assert {p.suffix for p in schema.table_dir(alone["a"], "scheduled").iterdir()} == {
+        schema.SEGMENT_SUFFIX}
+    assert {p.suffix for p in schema.table_dir(alone["b"], "scheduled").iterdir()} == {
+        schema.PARQUET_SUFFIX}
 
     report = findings(root)
-    assert [(f.engine, f.step) for f in serious(report)] == [("engine=b-dp0", 3)]
+    assert [(f.engine, f.step) for f in serious(report)] == [("b-dp0", 3)]
     assert hits(report, "tokens.total_mismatch") == [(3, None)]
     # each view's rows of one engine, without the keys numbered across the whole trace
     views = {v: f"SELECT * EXCLUDE ({drop}) FROM {v} WHERE engine = '{{e}}'" for v, drop in (
@@ -116,9 +121,9 @@ def test_engines_in_one_root_are_checked_apart(tiny_model, tmp_path):
     with Gateway(root) as gw:
         for view, query in views.items():
             for name, one in alone.items():
-                got = gw.sql(query.format(e=f"engine={name}-dp0") + " ORDER BY ALL").to_pylist()
+                got = gw.sql(query.format(e=f"{name}-dp0") + " ORDER BY ALL").to_pylist()
                 with Gateway(one) as g1:
-                    want = g1.sql(query.format(e=one.name) + " ORDER BY ALL").to_pylist()
+                    want = g1.sql(query.format(e=f"{name}-dp0") + " ORDER BY ALL").to_pylist()
                 assert got == want and want, f"{view} of engine {name} differs"
 
 

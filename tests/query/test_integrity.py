@@ -59,7 +59,7 @@ def test_clean_samples_have_no_integrity_finding(name, tmp_path):
 
 def test_steps_segment_copied_to_a_second_number(tmp_path):
     root = rk.as_streams("mixed", tmp_path / "t")
-    steps = rk.engine_dir(root) / "steps"
+    steps = rk.table_dir(root, "steps")
     shutil.copy(steps / "000000.arrows", steps / "000001.arrows")
     assert_agree(root, "trace.duplicate_rows", "steps", "132 row(s)")
     assert "trace.count_mismatch" in errors(root)  # 264 rows where 132 were written
@@ -68,7 +68,7 @@ def test_steps_segment_copied_to_a_second_number(tmp_path):
 
 def test_finish_events_segment_duplicated(tmp_path):
     root = rk.copy_sample("mixed", tmp_path / "t")
-    fe = rk.engine_dir(root) / "finish_events"
+    fe = rk.table_dir(root, "finish_events")
     shutil.copy(fe / "000000.parquet", fe / "000001.parquet")
     assert_agree(root, "trace.duplicate_rows", "finish_events", "10 row(s)")
 
@@ -76,7 +76,7 @@ def test_finish_events_segment_duplicated(tmp_path):
 @pytest.mark.parametrize("first", [-5, 1 << 40])
 def test_updates_with_impossible_steps(tmp_path, first):
     root = rk.copy_sample("mixed", tmp_path / "t")
-    seg = rk.engine_dir(root) / "updates" / "000000.parquet"
+    seg = rk.table_dir(root, "updates") / "000000.parquet"
     step = -1 if first < 0 else 1
     rewrite_parquet(seg, lambda t: t.set_column(
         0, "step", pa.array([first + step * i for i in range(t.num_rows)], pa.int64())))
@@ -85,7 +85,7 @@ def test_updates_with_impossible_steps(tmp_path, first):
 
 def test_requests_with_negative_steps(tmp_path):
     root = rk.copy_sample("mixed", tmp_path / "t")
-    seg = rk.engine_dir(root) / "requests" / "000000.parquet"
+    seg = rk.table_dir(root, "requests") / "000000.parquet"
     rewrite_parquet(seg, lambda t: t.set_column(0, "step", pc.subtract(t["step"], 100)))
     assert_agree(root, "trace.impossible_steps", "requests")
 
@@ -93,7 +93,7 @@ def test_requests_with_negative_steps(tmp_path):
 def test_an_abort_before_the_first_step_is_possible(tmp_path):
     """Near miss: finish_events step -1 is an abort before the first recorded step."""
     root = rk.copy_sample("mixed", tmp_path / "t")
-    seg = rk.engine_dir(root) / "finish_events" / "000000.parquet"
+    seg = rk.table_dir(root, "finish_events") / "000000.parquet"
     rewrite_parquet(seg, lambda t: t.set_column(
         0, "step", pa.array([-1] + t["step"].to_pylist()[1:], pa.int64())))
     assert "trace.impossible_steps" not in errors(root)
@@ -110,7 +110,7 @@ def _t_ns_offset(data: bytes) -> int:
 
 def test_one_flipped_byte_in_a_stream(tmp_path):
     root = rk.as_streams("mixed", tmp_path / "t")
-    seg = rk.engine_dir(root) / "steps" / "000000.arrows"
+    seg = rk.table_dir(root, "steps") / "000000.arrows"
     data = bytearray(seg.read_bytes())
     data[_t_ns_offset(bytes(data)) + 5] ^= 0x10
     seg.write_bytes(bytes(data))
@@ -120,7 +120,7 @@ def test_one_flipped_byte_in_a_stream(tmp_path):
 def test_one_flipped_byte_in_a_parquet_page(tmp_path):
     root = rk.as_streams("mixed", tmp_path / "t")
     compact(open_trace(root))
-    seg = rk.engine_dir(root) / "scheduled" / "000000.parquet"
+    seg = rk.table_dir(root, "scheduled") / "000000.parquet"
     col = pq.ParquetFile(seg).metadata.row_group(0).column(0)
     good = seg.read_bytes()
     # the first byte, from the back of the step column's pages, whose flip the page checksum
@@ -145,7 +145,7 @@ def test_compaction_leaves_a_damaged_stream_as_it_is(tmp_path):
     """A Parquet file made from damaged rows would carry fresh checksums: the damage would
     vanish. The stream stays, and still fails its checksum."""
     root = rk.as_streams("mixed", tmp_path / "t")
-    seg = rk.engine_dir(root) / "steps" / "000000.arrows"
+    seg = rk.table_dir(root, "steps") / "000000.arrows"
     data = bytearray(seg.read_bytes())
     data[_t_ns_offset(bytes(data)) + 2] ^= 0x01
     seg.write_bytes(bytes(data))
@@ -158,7 +158,7 @@ def test_compaction_leaves_a_damaged_stream_as_it_is(tmp_path):
 def test_no_steps_on_disk_where_the_manifest_counts_some(tmp_path):
     root = rk.copy_sample("mixed", tmp_path / "t")
     edir = rk.engine_dir(root)
-    pq.write_table(schema.schema("steps").empty_table(), edir / "steps" / "000000.parquet")
+    pq.write_table(schema.schema("steps").empty_table(), schema.table_dir(edir, "steps") / "000000.parquet")
     m = json.loads((edir / schema.MANIFEST).read_text())
     m["closed_cleanly"] = False
     (edir / schema.MANIFEST).write_text(json.dumps(m))
@@ -213,7 +213,7 @@ def test_the_recorder_stamps_every_batch(tiny_model, tmp_path):
             batches += 1
     assert batches > 20
     assert "trace.checksum" not in errors(tmp_path)
-    seg = rk.engine_dir(tmp_path) / "steps" / "000000.arrows"
+    seg = rk.table_dir(tmp_path, "steps") / "000000.arrows"
     data = bytearray(seg.read_bytes())
     data[_t_ns_offset(bytes(data)) + 3] ^= 0x04
     seg.write_bytes(bytes(data))

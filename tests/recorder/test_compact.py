@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
+from readerkit import engine_dir, table_dir
 from vllm_contract import schema
 from vllm_contract.cli import app
 from vllm_contract.trace import open_trace
@@ -32,11 +33,6 @@ def trace(recorded, tmp_path) -> Path:
     dst = tmp_path / "trace"
     shutil.copytree(recorded, dst)
     return dst
-
-
-def engine_dir(root: Path) -> Path:
-    (d,) = [p for p in root.iterdir() if p.name.startswith(schema.ENGINE_DIR_PREFIX)]
-    return d
 
 
 def invoke(*args):
@@ -70,7 +66,7 @@ def test_compact_is_lossless_and_idempotent(trace):
     e = engine_dir(trace)
     streams = files(trace, schema.SEGMENT_SUFFIX)
     for name in schema.TABLE_NAMES:
-        assert len(list((e / name).glob(f"*{schema.SEGMENT_SUFFIX}"))) >= 3, name
+        assert len(list(schema.table_dir(e, name).glob(f"*{schema.SEGMENT_SUFFIX}"))) >= 3, name
     before = read_all(trace)
     assert before["steps"].num_rows > 20 and before["scheduled"].num_rows > 0
 
@@ -120,8 +116,8 @@ def test_leftover_stream_beside_its_parquet_is_read_once(trace, tmp_path):
     e, saved_e = engine_dir(trace), engine_dir(saved)
     restored = []
     for name in schema.TABLE_NAMES:
-        src = saved_e / name / f"000000{schema.SEGMENT_SUFFIX}"
-        dst = e / name / src.name
+        src = schema.table_dir(saved_e, name) / f"000000{schema.SEGMENT_SUFFIX}"
+        dst = schema.table_dir(e, name) / src.name
         assert dst.with_suffix(schema.PARQUET_SUFFIX).exists()
         shutil.copy2(src, dst)
         restored.append(dst)
@@ -152,7 +148,7 @@ def test_live_writer_keeps_its_newest_segment(trace):
     manifest["closed_cleanly"] = False
     mpath.write_text(json.dumps(manifest))
     before = read_all(trace)
-    newest = {name: sorted((e / name).glob(f"*{schema.SEGMENT_SUFFIX}"))[-1]
+    newest = {name: sorted(schema.table_dir(e, name).glob(f"*{schema.SEGMENT_SUFFIX}"))[-1]
               for name in schema.TABLE_NAMES}
 
     r = invoke("compact", trace)
@@ -165,7 +161,7 @@ def test_live_writer_keeps_its_newest_segment(trace):
 def test_unreadable_segment_fails_cleanly(trace):
     """A segment of random bytes: exit 2, and the error is a line of its own, not glued to the
     progress output that precedes it."""
-    bad = engine_dir(trace) / "scheduled" / f"000001{schema.SEGMENT_SUFFIX}"
+    bad = table_dir(trace, "scheduled") / f"000001{schema.SEGMENT_SUFFIX}"
     bad.write_bytes(os.urandom(bad.stat().st_size))
 
     r = invoke("compact", trace)

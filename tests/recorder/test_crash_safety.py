@@ -84,7 +84,7 @@ def test_sigkill_keeps_every_flushed_step(tiny_model, tmp_path, writer):
     if writer == "process":  # it outlives the engine and seals the trace on its own
         deadline = time.time() + 120
         while time.time() < deadline:
-            (manifest,) = trace.glob("*/manifest.json")
+            (manifest,) = trace.glob("_engines/*/manifest.json")
             if json.loads(manifest.read_text()).get("ended_at"):
                 break
             time.sleep(0.2)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from vllm_contract import schema
 from vllm_contract.recorder.rows import token_hash
 from vllm_contract.replay.worker import canonical
 from vllm_contract.replay.query.summary import summary
@@ -70,7 +71,9 @@ def test_max_trace_bytes_prunes_oldest_segments_and_records_the_gap(tiny_model, 
     pruned = m["pruned_segments"]
     assert pruned and all(p["reason"] == "max_trace_bytes" for p in pruned)
     # What is on disk stays near the limit (the open segment may pass it by one flush).
-    on_disk = sum(p.stat().st_size for p in e.dir.rglob("*.arrows"))
+    on_disk = sum(p.stat().st_size for t in schema.TABLE_NAMES
+                  for p in schema.table_dir(e.dir, t).glob("*.arrows"))
+    assert on_disk > 0
     assert on_disk <= limit + m["writer"]["segment_bytes"], on_disk
     # Steps kept + steps listed as dropped = every step, each exactly once.
     kept = e.read("steps")["step"].to_pylist()

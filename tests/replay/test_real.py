@@ -17,7 +17,7 @@ import pytest
 
 import live_child
 from checking import edit, edit_manifest
-from readerkit import assert_clean_failure, invoke
+from readerkit import assert_clean_failure, copy_engine, engine_dir, invoke
 from vllm_contract.recorder import attach
 from vllm_contract.replay.session import Session
 from vllm_contract.replay.worker import real
@@ -331,14 +331,13 @@ def test_unusable_input_is_one_line_and_exit_2(demo, tmp_path, change, expect):
     elif change == "redacted":
         edit_manifest(t, redacted_prompts=True)
     elif change == "drift":
-        m = json.loads(next(t.glob("engine=*/manifest.json")).read_text())
+        m = json.loads((engine_dir(t) / "manifest.json").read_text())
         edit_manifest(t, fields={**m["fields"], "NewRequestData":
                                  m["fields"]["NewRequestData"] + ["a_future_field"]})
     elif change == "speculative":
         edit_manifest(t, speculative={"method": "ngram", "num_speculative_tokens": 2})
     elif change == "engines":
-        (eng,) = t.glob("engine=*")
-        shutil.copytree(eng, t / "engine=other")
+        copy_engine(t, "other")
     else:
         args = ["--from", "5"]
     line = assert_clean_failure(invoke("replay", t, "--worker", "vllm", *args))
