@@ -105,6 +105,12 @@ def compact(trace: Annotated[Path, typer.Argument(help="Trace directory.")]) -> 
         finally:
             if done[0]:  # end the progress line, so that an error starts its own
                 typer.echo("", err=True)
+        if t.source is not None:  # compacted in a local copy: the remote trace takes it
+            from vllm_contract import remote
+
+            pushed = remote.push(t.root, t.source)
+            typer.echo(f"{t.source}: {pushed['uploaded']} file(s) written, "
+                       f"{pushed['deleted']} deleted", err=True)
     except TraceError as e:
         fail(e)
     for w in t.warnings + t.problems:

@@ -355,6 +355,7 @@ def load_manifest(engine_dir: Path, root: Path | None = None) -> dict:
 class Trace:
     root: Path
     engines: list[EngineTrace]
+    source: str | None = None  # the remote URL it was read from (root is a local copy)
 
     def read(self, table: str) -> pa.Table:
         """All engines' rows of a table, with an `engine` column first."""
@@ -375,7 +376,15 @@ class Trace:
 
 def open_trace(path: str | Path) -> Trace:
     """A trace root (several engines), or one engine's directory (format 1) or home (format
-    2: TRACE/_engines/engine=NAME, whose tables lie under TRACE)."""
+    2: TRACE/_engines/engine=NAME, whose tables lie under TRACE); or `s3://bucket/prefix`,
+    read through a local copy (remote.py)."""
+    from vllm_contract import remote
+
+    url = remote.as_url(path)
+    if url is not None:
+        t = open_trace(remote.fetch(url))
+        t.source = url
+        return t
     root = Path(path)
     with reading(root):
         if not root.exists():
