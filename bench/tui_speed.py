@@ -1,16 +1,20 @@
 """The TUI on a large trace, headless (Textual's pilot): time to first paint, step-to-step
 navigation, jump to the next finding, and memory after many random navigations.
 
-Usage: python bench/tui_speed.py TRACE [--presses 10000] [--moves 300]
-(TRACE: e.g. `python bench/gen_trace.py /tmp/t1m --steps 1000000`.)
+Usage: python bench/tui_speed.py TRACE [--presses 10000] [--moves 300] [--tui DIR]
+(TRACE: e.g. `python bench/gen_trace.py /tmp/t1m --steps 1000000`. `--tui DIR` runs another
+copy of the tui/ package, e.g. a commit's, `git archive COMMIT tui | tar -x -C DIR/..`: to
+alternate two versions on a shared machine.)
 
 - first paint: from constructing the app's data (the gateway and its views) to the first rows
   of the steps list drawn, the cursor's detail read as well.
 - navigation: one `j` key, until the list shows the new cursor's row (`list`) and until that
   step's detail is read (`detail`, which waits out the app's debounce).
-- next finding: one `n`, until the list shows the finding's step. The generated trace is clean,
-  so the app is given one finding every 997 steps (findings' source does not matter to the jump:
-  it is a search in the sorted steps with findings, then the page and detail of that step).
+- next finding: one `n`, until the list shows the finding's step (`row`) and until its detail is
+  read (`detail`); the next `n` is pressed once the detail is shown, as a person reads the step
+  they jumped to. The generated trace is clean, so the app is given one finding every 997 steps
+  (findings' source does not matter to the jump: it is a search in the sorted steps with
+  findings, then the page and detail of that step).
 - memory: resident set size after the warm-up and after `--presses` random navigations
   (j, k, pages, first, last, go to a random step); the page cache is bounded (64 pages).
 """
@@ -22,13 +26,11 @@ import asyncio
 import platform
 import random
 import sys
+import threading
 import time
 from pathlib import Path
 
 from vllm_contract.findings import Finding
-from vllm_contract.tui import messages as m
-from vllm_contract.tui.app import ContractApp
-from vllm_contract.tui.data import TraceData
 
 
 def rss_mb() -> float:
@@ -60,6 +62,10 @@ def p(values, q):
 
 
 async def main(trace: Path, presses: int, moves: int) -> None:
+    from vllm_contract.tui import messages as m
+    from vllm_contract.tui.app import ContractApp
+    from vllm_contract.tui.data import TraceData
+
     t0 = time.perf_counter()
     data = TraceData(trace)
     app = ContractApp(data, run_checks=False)
@@ -93,7 +99,7 @@ async def main(trace: Path, presses: int, moves: int) -> None:
                 for s in lst.steps[::every]]
         app.on_findings_loaded(m.FindingsLoaded(fake, {}))
         app.goto_step(int(lst.steps[0]))
-        jumps = []
+        jumps, jumps_detail = [], []
         for _ in range(min(moves, 200)):
             t = time.perf_counter()
             here = lst.cursor
@@ -101,13 +107,20 @@ async def main(trace: Path, presses: int, moves: int) -> None:
             await until(pilot, lambda here=here: lst.cursor != here and lst.row(lst.cursor) is not None)
             jumps.append(time.perf_counter() - t)
             assert lst.cursor % every == 0
-        print(f"next finding (n) x{len(jumps)}: p50 {p(jumps, .5):.1f} ms, p95 "
-              f"{p(jumps, .95):.1f} ms")
+            await until(pilot, lambda: (d := app.query_one("DetailPane").detail) is not None
+                        and d.step == lst.step)
+            jumps_detail.append(time.perf_counter() - t)
+        print(f"next finding (n) x{len(jumps)}: row p50 {p(jumps, .5):.1f} ms, p95 "
+              f"{p(jumps, .95):.1f} ms; detail p50 {p(jumps_detail, .5):.1f} ms, p95 "
+              f"{p(jumps_detail, .95):.1f} ms")
 
         rng = random.Random(0)
         before = rss_mb()
         t = time.perf_counter()
+        trail = []  # RSS at each fifth of the presses: a trend, not two points
         for i in range(presses):
+            if presses >= 5 and i % (presses // 5) == 0:
+                trail.append(round(rss_mb()))
             r = rng.random()
             if r < 0.05:
                 app.goto_step(int(lst.steps[rng.randrange(n)]))
@@ -118,8 +131,9 @@ async def main(trace: Path, presses: int, moves: int) -> None:
         await asyncio.sleep(2)
         after = rss_mb()
         print(f"{presses} random navigations in {time.perf_counter() - t:.0f} s: RSS "
-              f"{before:.0f} MB -> {after:.0f} MB; pages cached {len(lst.pages)} "
-              f"(bound {64})")
+              f"{before:.0f} MB -> {after:.0f} MB (along the way {trail}); pages cached "
+              f"{len(lst.pages)} (bound 64); DuckDB cursors "
+              f"{len(getattr(data, '_cursors', []))}; threads {threading.active_count()}")
     print(f"machine: {platform.node()} {platform.machine()}, Python {sys.version.split()[0]}")
 
 
@@ -128,5 +142,10 @@ if __name__ == "__main__":
     ap.add_argument("trace", type=Path)
     ap.add_argument("--presses", type=int, default=10_000)
     ap.add_argument("--moves", type=int, default=300)
+    ap.add_argument("--tui", type=Path, help="a tui/ package directory to run instead")
     a = ap.parse_args()
+    if a.tui is not None:
+        import vllm_contract.tui
+
+        vllm_contract.tui.__path__[:] = [str(a.tui.resolve())]
     asyncio.run(main(a.trace, a.presses, a.moves))

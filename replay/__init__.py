@@ -6,13 +6,21 @@ from __future__ import annotations
 
 from importlib import import_module
 
-_EXPORTS = {"open_trace": "vllm_contract.trace", "Trace": "vllm_contract.trace",
-            "Gateway": "vllm_contract.replay.query.gateway",
-            "Session": "vllm_contract.replay.session"}
+# name -> (module, attribute)
+_EXPORTS = {"open_trace": ("vllm_contract.trace", "open_trace"),
+            "Trace": ("vllm_contract.trace", "Trace"),
+            "Gateway": ("vllm_contract.replay.query.gateway", "Gateway"),
+            "Session": ("vllm_contract.replay.session", "Session"),
+            # the invariant catalog (each check's title, why, the vLLM code relying on it) and
+            # the checker that runs it on a Gateway
+            "Invariant": ("vllm_contract.replay.query.catalog", "Invariant"),
+            "load_catalog": ("vllm_contract.replay.query.catalog", "load"),
+            "run_checks": ("vllm_contract.replay.query.checker", "run")}
 __all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name: str):
     if name not in _EXPORTS:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(import_module(_EXPORTS[name]), name)
+    module, attr = _EXPORTS[name]
+    return getattr(import_module(module), attr)

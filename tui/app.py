@@ -29,7 +29,11 @@ from vllm_contract.tui.sql_pane import SqlPane
 from vllm_contract.tui.steps import HEADER, StepList
 from vllm_contract.tui.worker_pane import WorkerPane
 
-DETAIL_DELAY = 0.03  # a held key moves many steps: only the step it stops on is read in full
+# A held key moves many steps: only the step the cursor rests on is read in full (and the
+# worker replayed to it); a key repeats about every 33 ms.
+REST_DELAY = 0.06
+FINDINGS_AHEAD = 3  # steps with a finding whose pages are fetched ahead of `n`
+PROGRESS_EVERY = 0.05  # seconds between two progress messages of a replay
 PANES = ("detail", "findings", "request", "worker", "sql")
 
 
@@ -64,8 +68,9 @@ class ContractApp(App):
         self.session: Session | None = None
         self.session_error: str | None = None
         self._session_lock = threading.Lock()
-        self._detail_timer = None
+        self._rest_timer = None
         self._sql_cursor = None
+        self._charts_asked = False
         self._check_gateway: Gateway | None = None
         self.follow_req: str | None = None
 
@@ -118,24 +123,33 @@ class ContractApp(App):
     # -- workers (threads; each posts one typed message back) --------------------------------
     @work(thread=True, exclusive=True, group="steps", exit_on_error=False)
     def load_steps(self) -> None:
-        steps = self.data.load_steps()
-        self.post(m.StepsLoaded(steps))
+        self.post(m.StepsLoaded(self.data.load_steps()))
+
+    @work(thread=True, exclusive=True, group="charts", exit_on_error=False)
+    def load_charts(self) -> None:
         self.post(m.ChartsLoaded(self.data.series()))
 
-    @work(thread=True, group="pages", exit_on_error=False)
-    def load_page(self, start: int) -> None:
-        self.post(m.PageLoaded(start, self.data.page(start)))
+    @work(thread=True, exclusive=True, group="pages", exit_on_error=False)
+    def load_pages(self, starts: list[int]) -> None:
+        """The pages in the order asked; a newer ask stops this one between two pages. A page
+        read is posted even when superseded: it goes to the cache all the same."""
+        for start in starts:
+            if not _live():
+                return
+            self.post_message(m.PageLoaded(start, self.data.page(start)))
 
     @work(thread=True, exclusive=True, group="detail", exit_on_error=False)
     def load_detail(self, step: int) -> None:
-        self.post(m.DetailLoaded(self.data.detail(step)))
+        detail = self.data.detail(step, cancelled=lambda: not _live())
+        if detail is not None:
+            self.post(m.DetailLoaded(detail))
 
     @work(thread=True, exclusive=True, group="findings", exit_on_error=False)
     def check_trace(self) -> None:
         explained = checks.explanations()
         self._check_gateway = Gateway(self.data.root)
         try:
-            found = checks.run_checks(self._check_gateway, self.data.engine,
+            found = checks.findings(self._check_gateway, self.data.engine,
                                       cancelled=lambda: not _live())
         finally:
             self._check_gateway.close()
@@ -153,23 +167,53 @@ class ContractApp(App):
     @work(thread=True, exclusive=True, group="worker", exit_on_error=False)
     def replay_to(self, position: int) -> None:
         me = get_current_worker()
-        with self._session_lock:  # a superseded replay stops within 64 steps
+        with self._session_lock:  # a superseded replay stops at its next step
+            if not _live():
+                return
             if self.session is None:
-                self.session = Session(self.data.root, worker=self.worker_kind,
-                                       engine=self.data.engine)
+                if self.worker_kind == "vllm":
+                    self.post(m.WorkerNote("starting the vLLM worker: an engine built from the "
+                                           "trace's manifest…"))
+                try:
+                    self.session = Session(self.data.root, worker=self.worker_kind,
+                                           engine=self.data.engine)
+                except BaseException as e:
+                    self.session_error = str(e) if isinstance(e, TraceError) else (
+                        f"{type(e).__name__}: {e}")
+                    raise
             s = self.session
-            far = abs(position - s.position) > 256
-            ok = s.goto(position, progress=(lambda n, total: self.post(m.WorkerProgress(n, total)))
-                        if far else None, cancel=lambda: me.is_cancelled)
+            # a real worker's every step is a model run, and going back re-runs from the start
+            slow = self.worker_kind == "vllm" and (position < s.position
+                                                   or position - s.position > 1)
+            what = ("re-running from the start" if position < s.position
+                    else "replaying") + f" to step position {position}"
+            last = [0.0]
+
+            def progress(done: int, total: int) -> None:
+                now = time.monotonic()
+                if now - last[0] >= PROGRESS_EVERY or done == total:
+                    last[0] = now
+                    self.post(m.WorkerProgress(done, total, what))
+
+            far = slow or abs(position - s.position) > 256
+            ok = s.goto(position, progress=progress if far else None,
+                        cancel=lambda: me.is_cancelled)
             if ok:
-                self.post(m.WorkerReached(s.position, s.state(), s.findings, s.divergences))
+                self.post(m.WorkerReached(s.position, s.state(), s.findings, s.divergences,
+                                          s.notes))
 
     @work(thread=True, exclusive=True, group="sql", exit_on_error=False)
     def run_sql(self, query: str) -> None:
-        self._sql_cursor = self.data.cursor()
-        t = time.perf_counter()
-        table = self.data.sql(query)
-        self.post(m.SqlDone(query, table, time.perf_counter() - t))
+        cur = self.data.own_cursor()
+        self._sql_cursor = cur
+        try:
+            t = time.perf_counter()
+            table = self.data.sql(query, con=cur)
+            self.post(m.SqlDone(query, table, time.perf_counter() - t))
+        finally:
+            if self._sql_cursor is cur:
+                self._sql_cursor = None
+            self.data.drop_cursor(cur)
 
     # -- the one handler for worker errors ----------------------------------------------------
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
@@ -179,8 +223,9 @@ class ContractApp(App):
         text = str(error) if isinstance(error, TraceError) else f"{type(error).__name__}: {error}"
         group = event.worker.group
         if group == "worker":
-            self.session_error = text
-            self.query_one(WorkerPane).fail(text)
+            self.query_one(WorkerPane).fail(text, started=self.session is not None)
+        elif group == "pages":
+            self.steps.asked = []  # asked again at the next move
         elif group == "sql":
             self.query_one(SqlPane).status(f"error: {text}")
         elif group == "findings":
@@ -195,26 +240,47 @@ class ContractApp(App):
         self.steps.set_steps(msg.steps, self.data.t0)
         self.status()
         if len(msg.steps) == 0:
-            self.query_one(DetailPane).renderable = "the engine has no steps"
+            self.query_one(DetailPane).set_lines(["the engine has no steps"])
             return
         index = 0 if self.start_step is None else self.data.index_of(self.start_step)
         self.steps.go(index)
         if index == 0:  # the cursor did not change: no Moved message
             self.on_step_list_moved(StepList.Moved(0, int(msg.steps[0])))
 
-    def on_step_list_need_page(self, msg: StepList.NeedPage) -> None:
-        self.load_page(msg.start)
+    def on_step_list_need_pages(self, msg: StepList.NeedPages) -> None:
+        self.load_pages(msg.starts)
 
     def on_page_loaded(self, msg: m.PageLoaded) -> None:
         self.steps.add_page(msg.start, msg.rows)
+        if not self._charts_asked:  # after the first page: the charts' scan would delay it
+            self._charts_asked = True
+            self.load_charts()
 
     def on_step_list_moved(self, msg: StepList.Moved) -> None:
         self.query_one(Charts).point(msg.step)
-        if self._detail_timer is not None:
-            self._detail_timer.stop()
-        self._detail_timer = self.set_timer(DETAIL_DELAY, lambda: self.load_detail(msg.step))
+        self.steps.prefetch(*self._finding_rows(msg.step))
+        if self._rest_timer is not None:
+            self._rest_timer.stop()
+        self._rest_timer = self.set_timer(REST_DELAY, lambda: self._rested(msg.step))
+
+    def _rested(self, step: int) -> None:
+        """The cursor stopped on `step`: read it in full, and replay the worker to it."""
+        if not self.is_running or step != self.steps.step:  # the timer outlived the app
+            return
+        self.load_detail(step)
         if self.query_one(TabbedContent).active == "worker":
             self.sync_worker()
+
+    def _finding_rows(self, step: int) -> list[int]:
+        """The rows `n` and `N` reach from `step`: the next FINDINGS_AHEAD steps with a
+        finding, nearest first, then the previous one (a repeated `n` stays ahead of reads)."""
+        fs = self.finding_steps
+        if not fs:
+            return []
+        i = bisect.bisect_right(fs, step)
+        j = bisect.bisect_left(fs, step)
+        ks = [*range(i, i + FINDINGS_AHEAD), j - 1]
+        return [self.data.index_of(fs[k]) for k in ks if 0 <= k < len(fs)]
 
     def on_detail_loaded(self, msg: m.DetailLoaded) -> None:
         if msg.detail.step != self.steps.step:
@@ -273,11 +339,15 @@ class ContractApp(App):
         self.query_one(RequestPane).show_lifeline(msg.lifeline)
 
     def on_worker_progress(self, msg: m.WorkerProgress) -> None:
-        self.query_one(WorkerPane).progress(msg.done, msg.total)
+        self.query_one(WorkerPane).progress(msg.done, msg.total, msg.what)
+
+    def on_worker_note(self, msg: m.WorkerNote) -> None:
+        self.query_one(WorkerPane).note(msg.text)
 
     def on_worker_reached(self, msg: m.WorkerReached) -> None:
-        self.worker_findings = msg.findings
-        self.query_one(WorkerPane).show(msg.state, msg.findings, msg.divergences,
+        self.worker_findings = msg.findings + [d.finding(self.data.engine)
+                                               for d in msg.divergences]
+        self.query_one(WorkerPane).show(msg.state, msg.findings, msg.divergences, msg.notes,
                                         self.worker_kind, self.query_one(DetailPane).unfolded)
         self._remark()
 
@@ -309,7 +379,7 @@ class ContractApp(App):
         """Replay the worker to just after the cursor's step (or show why it cannot)."""
         pane = self.query_one(WorkerPane)
         if self.session_error is not None:
-            pane.fail(self.session_error)
+            pane.fail(self.session_error, started=False)
             return
         if self.steps.step is not None:
             self.replay_to(self.steps.cursor + 1)
@@ -375,17 +445,23 @@ class ContractApp(App):
         self.query_one(DetailPane).toggle_fold()
 
     def action_cancel(self) -> None:
-        self.workers.cancel_group(self, "worker")
+        pane = self.query_one(WorkerPane)
+        if any(w.group == "worker" and w.is_running for w in self.workers):
+            self.workers.cancel_group(self, "worker")
+            s = self.session
+            pane.note("replay cancelled" + (f" at position {s.position}" if s else "")
+                      + ": moving the cursor or `w` replays again")
         cur = self._sql_cursor
         if cur is not None:
             cur.interrupt()
-        self.query_one(WorkerPane).remove_class("replaying")
         self.steps.focus()
 
     def action_help(self) -> None:
         self.push_screen(HelpScreen())
 
     def on_unmount(self) -> None:
+        if self._rest_timer is not None:
+            self._rest_timer.stop()
         self.workers.cancel_all()
         gw = self._check_gateway
         if gw is not None:

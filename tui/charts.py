@@ -29,6 +29,16 @@ class Spark(Widget):
         self.values: list[float] = []
         self.at: float | None = None  # the cursor, as a fraction of the trace's steps
 
+    def _column(self, at: float | None) -> int | None:
+        width = max(0, self.size.width - len(f"{self.label:>12} ") - 8)  # as render() draws
+        return None if at is None else int(at * width)
+
+    def point(self, at: float) -> None:
+        # a step on a long trace seldom moves the mark by a column: drawn again only if it does
+        if self._column(at) != self._column(self.at) or not self.size.width:
+            self.refresh()
+        self.at = at
+
     def render(self) -> Text:
         label = f"{self.label:>12} "
         width = max(0, self.size.width - len(label) - 8)
@@ -61,5 +71,4 @@ class Charts(Vertical):
         lo, hi = getattr(self, "range", (0.0, 0.0))
         at = 0.0 if hi <= lo else (step - lo) / (hi - lo + 1)
         for spark in self.query(Spark):
-            spark.at = at
-            spark.refresh()
+            spark.point(at)

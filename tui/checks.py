@@ -1,19 +1,15 @@
 """The invariant catalog and its checker, for the findings pane: each finding with its
 invariant's title, why it matters and the vLLM code that relies on it.
 
-The one module of the TUI that reaches past `vllm_contract.replay`'s face: the catalog is not
-exported there yet (tests/layout/test_layering.py names this exception). The checks run on a
-Gateway of their own: the checker stores shared views as temporary tables of its connection,
-which the app's per-thread cursors could not see."""
+The checks run on a Gateway of their own: the checker stores shared views as temporary tables
+of its connection, which the app's per-thread cursors could not see."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from vllm_contract.findings import Finding
-from vllm_contract.replay import Gateway
-from vllm_contract.replay.query.catalog import load
-from vllm_contract.replay.query.checker import run
+from vllm_contract.replay import Gateway, load_catalog, run_checks
 
 
 @dataclass(frozen=True)
@@ -26,21 +22,21 @@ class Explanation:
 
 def explanations() -> dict[str, Explanation]:
     """Invariant id -> what its catalog header says."""
-    return {i.id: Explanation(i.title, i.why, i.relies_on, i.severity) for i in load()}
+    return {i.id: Explanation(i.title, i.why, i.relies_on, i.severity) for i in load_catalog()}
 
 
 def known_ids() -> set[str]:
-    return {i.id for i in load()}
+    return {i.id for i in load_catalog()}
 
 
-def run_checks(gw: Gateway, engine: str, cancelled=lambda: False) -> list[Finding]:
+def findings(gw: Gateway, engine: str, cancelled=lambda: False) -> list[Finding]:
     """The catalog's findings for one engine (and those of the whole trace), by step. One
     check at a time, so that a cancel (the app closing) is seen between them."""
     found = []
-    for inv in load():
+    for inv in load_catalog():
         if cancelled():
             break
-        found += run(gw, [inv]).findings
+        found += run_checks(gw, [inv]).findings
     mine = [f for f in found if f.engine in (None, engine)]
     mine.sort(key=lambda f: (-1 if f.step is None else f.step, f.invariant, f.req_id or ""))
     return mine

@@ -7,6 +7,7 @@ DuckDB cursor (`TraceData.cursor`)."""
 from __future__ import annotations
 
 import threading
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -69,32 +70,51 @@ class TraceData:
             raise TraceError(f"no engine {engine!r} in the trace (it has {', '.join(names)})")
         self.engine = engine
         self.root = self.gateway.trace.root
-        self._local = threading.local()
-        self._cursors: list = []
+        self._cursors: list = []  # every cursor made, to interrupt and close them
+        self._free: list = []  # the pool's idle ones
         self._lock = threading.Lock()
         self.steps = np.zeros(0, dtype=np.int64)
         self.t0 = 0  # the first step's t_ns: the list shows times since it
 
     # -- cursors ------------------------------------------------------------------------------
-    def cursor(self):
-        """This thread's DuckDB cursor. A cursor is a connection of its own, which does not see
-        the Arrow tables the gateway registered on its connection (live segments, `engines`):
-        they are registered on each cursor too."""
-        cur = getattr(self._local, "cur", None)
+    @contextmanager
+    def borrow(self):
+        """A DuckDB cursor for this thread, from a pool: Textual starts a thread per worker,
+        and a cursor per thread would grow without bound over a long session."""
+        with self._lock:
+            cur = self._free.pop() if self._free else None
         if cur is None:
             cur = self.gateway.cursor()
-            for name, table in self.gateway._arrow.items():
-                cur.register(name, table)
-            self._local.cur = cur
             with self._lock:
                 self._cursors.append(cur)
+        try:
+            yield cur
+        finally:
+            with self._lock:
+                self._free.append(cur)
+
+    def own_cursor(self):
+        """A cursor outside the pool, for a query that may be interrupted (the SQL prompt's):
+        interrupting a pooled cursor could stop another worker's query."""
+        cur = self.gateway.cursor()
+        with self._lock:
+            self._cursors.append(cur)
         return cur
 
-    def sql(self, query: str) -> pa.Table:
-        return self.gateway.sql(query, con=self.cursor())
+    def drop_cursor(self, cur) -> None:
+        with self._lock:
+            if cur in self._cursors:
+                self._cursors.remove(cur)
+        cur.close()
+
+    def sql(self, query: str, params: list | None = None, con=None) -> pa.Table:
+        if con is not None:
+            return self.gateway.sql(query, con=con, params=params)
+        with self.borrow() as cur:
+            return self.gateway.sql(query, con=cur, params=params)
 
     def interrupt(self) -> None:
-        """Interrupt whatever any cursor is running (a cancelled query, the app closing)."""
+        """Interrupt whatever any cursor is running (the app closing)."""
         with self._lock:
             for cur in self._cursors:
                 cur.interrupt()
@@ -104,6 +124,7 @@ class TraceData:
             for cur in self._cursors:
                 cur.close()
             self._cursors.clear()
+            self._free.clear()
         self.gateway.close()
 
     @property
@@ -112,9 +133,15 @@ class TraceData:
 
     # -- the steps list -----------------------------------------------------------------------
     def load_steps(self) -> np.ndarray:
-        t = self.sql(f"SELECT DISTINCT step FROM steps WHERE {self.where} ORDER BY step")
-        self.steps = t.column("step").to_numpy().astype(np.int64, copy=False)
-        t0 = self.sql(f"SELECT MIN(t_ns) AS t FROM steps WHERE {self.where}")["t"][0].as_py()
+        # the column as stored, sorted here: DuckDB's DISTINCT and ORDER BY over a million
+        # steps took most of the first paint
+        t = self.sql("SELECT step FROM steps WHERE engine = ?", [self.engine])
+        steps = t.column("step").to_numpy().astype(np.int64, copy=False)
+        if len(steps) > 1 and not bool(np.all(steps[1:] > steps[:-1])):
+            steps = np.unique(steps)  # several segments out of order, or a duplicated row
+        self.steps = steps
+        t0 = self.sql("SELECT MIN(t_ns) AS t FROM steps WHERE engine = ?",
+                      [self.engine])["t"][0].as_py()
         self.t0 = t0 or 0
         return self.steps
 
@@ -151,29 +178,46 @@ class TraceData:
         return rows
 
     # -- one step -----------------------------------------------------------------------------
-    def detail(self, step: int) -> StepDetail:
-        at = f"{self.where} AND step = {int(step)}"
-        row = self.sql(f"SELECT * EXCLUDE (engine) FROM steps WHERE {at} LIMIT 1").to_pylist()
-        sched = self.sql(f"""SELECT * EXCLUDE (engine, step) FROM scheduled WHERE {at}
-                             ORDER BY kind = 'new' DESC, pos NULLS LAST, req_id""").to_pylist()
-        reqs = self.sql(f"SELECT req_id, prompt_len, sampling_params FROM requests WHERE {at}")
-        outs = self.sql(f"""SELECT req_id, sampled_token_ids, num_nans_in_logits FROM model_outputs
-                            WHERE {at} ORDER BY pos""").to_pylist()
+    def detail(self, step: int, cancelled=lambda: False) -> StepDetail | None:
+        """The step in full; None if `cancelled()` turns true between its queries (a newer
+        step was asked for)."""
+        at = "engine = $engine AND step = $step"
+        p = {"engine": self.engine, "step": int(step)}
+        with self.borrow() as cur:
+            def q(query: str) -> pa.Table:
+                return self.gateway.sql(query, con=cur, params=p)
 
-        def ids(table: str, col: str = "req_id") -> list[str]:
-            return self.sql(f"SELECT {col} FROM {table} WHERE {at}").column(col).to_pylist()
+            row = q(f"SELECT * EXCLUDE (engine) FROM steps WHERE {at} LIMIT 1").to_pylist()
+            if cancelled():
+                return None
+            sched = q(f"""SELECT * EXCLUDE (engine, step) FROM scheduled WHERE {at}
+                          ORDER BY kind = 'new' DESC, pos NULLS LAST, req_id""").to_pylist()
+            if cancelled():
+                return None
+            reqs = q(f"SELECT req_id, prompt_len, sampling_params FROM requests WHERE {at}")
+            # the three id lists in one query: a query costs its scan setup more than its rows
+            ids = q(f"""SELECT 0 AS k, req_id AS id FROM finished WHERE {at}
+                        UNION ALL SELECT 1, req_id FROM preempted WHERE {at}
+                        UNION ALL SELECT 2, mm_hash FROM freed_mm WHERE {at}""").to_pylist()
+            if cancelled():
+                return None
+            outs = q(f"""SELECT req_id, sampled_token_ids, num_nans_in_logits
+                         FROM model_outputs WHERE {at} ORDER BY pos""").to_pylist()
+
+        def of(k: int) -> list[str]:
+            return [r["id"] for r in ids if r["k"] == k]
 
         return StepDetail(step=int(step), row=row[0] if row else {}, scheduled=sched,
                           requests={r["req_id"]: r for r in reqs.to_pylist()},
-                          finished=ids("finished"), preempted=ids("preempted"),
-                          freed_mm=ids("freed_mm", "mm_hash"), outputs=outs)
+                          finished=of(0), preempted=of(1), freed_mm=of(2), outputs=outs)
 
     # -- requests -----------------------------------------------------------------------------
     def search(self, prefix: str, limit: int = 50) -> list[tuple[str, int]]:
         """Request ids starting with `prefix`, with the step each was first introduced at."""
-        t = self.sql(f"""SELECT req_id, MIN(step) AS step FROM requests
-                         WHERE {self.where} AND starts_with(req_id, {lit(prefix)})
-                         GROUP BY req_id ORDER BY MIN(step), req_id LIMIT {int(limit)}""")
+        t = self.sql("""SELECT req_id, MIN(step) AS step FROM requests
+                        WHERE engine = ? AND starts_with(req_id, ?)
+                        GROUP BY req_id ORDER BY MIN(step), req_id LIMIT ?""",
+                     [self.engine, prefix, int(limit)])
         return [(r["req_id"], r["step"]) for r in t.to_pylist()]
 
     def lifeline(self, req_id: str) -> Lifeline:

@@ -53,6 +53,12 @@ class ChartsLoaded(Message):
 class WorkerProgress(Message):
     done: int
     total: int
+    what: str
+
+
+@dataclass(eq=False)
+class WorkerNote(Message):
+    text: str
 
 
 @dataclass(eq=False)
@@ -61,6 +67,7 @@ class WorkerReached(Message):
     state: dict
     findings: list[Finding]
     divergences: list
+    notes: list[str]
 
 
 @dataclass(eq=False)
@@ -68,10 +75,3 @@ class SqlDone(Message):
     query: str
     table: pa.Table
     seconds: float
-
-
-@dataclass(eq=False)
-class Failed(Message):
-    """A worker's error, for the pane it was working for."""
-    pane: str
-    error: str

@@ -46,30 +46,33 @@ class StepList(ScrollView, can_focus=True, inherit_bindings=False):
             super().__init__()
             self.index, self.step = index, step
 
-    class NeedPage(Message):
-        def __init__(self, start: int) -> None:
+    class NeedPages(Message):
+        """The pages (by first row) the list wants and does not hold, the most needed first."""
+        def __init__(self, starts: list[int]) -> None:
             super().__init__()
-            self.start = start
+            self.starts = starts
 
     def __init__(self, **kw) -> None:
         super().__init__(**kw)
         self.steps = np.zeros(0, dtype=np.int64)
         self.t0 = 0
         self.pages: OrderedDict[int, list[dict]] = OrderedDict()
-        self.pending: set[int] = set()
+        self.asked: list[int] = []  # what the last NeedPages asked for and has not come
+        self.hints: tuple[int, ...] = ()  # rows the cursor may jump to next (findings)
         self.marked: set[int] = set()
 
     # -- data ---------------------------------------------------------------------------------
     def set_steps(self, steps: np.ndarray, t0: int) -> None:
         self.steps, self.t0 = steps, t0
         self.pages.clear()
-        self.pending.clear()
+        self.asked = []
         self.virtual_size = Size(len(HEADER) + 2, len(steps))
         self.refresh()
         self._ask_visible()
 
     def add_page(self, start: int, rows: list[dict]) -> None:
-        self.pending.discard(start)
+        if start in self.asked:
+            self.asked.remove(start)
         self.pages[start] = rows
         self.pages.move_to_end(start)
         while len(self.pages) > MAX_PAGES:
@@ -93,16 +96,26 @@ class StepList(ScrollView, can_focus=True, inherit_bindings=False):
     def step(self) -> int | None:
         return int(self.steps[self.cursor]) if len(self.steps) else None
 
+    def prefetch(self, *rows: int) -> None:
+        """Rows the cursor may jump to next: their pages are fetched ahead, after those shown."""
+        self.hints = rows
+        self._ask_visible()
+
     def _ask_visible(self) -> None:
-        if not len(self.steps):
+        """Ask for the pages shown, then one page either side of them, then the hints'."""
+        n = len(self.steps)
+        if not n:
             return
         top = int(self.scroll_offset.y)
-        bottom = min(len(self.steps) - 1, top + max(self.size.height, 1))
-        for start in {top - top % PAGE, bottom - bottom % PAGE,
-                      self.cursor - self.cursor % PAGE}:
-            if start not in self.pages and start not in self.pending:
-                self.pending.add(start)
-                self.post_message(self.NeedPage(start))
+        bottom = min(n - 1, top + max(self.size.height, 1))
+        rows = [self.cursor, top, bottom, bottom + PAGE, top - PAGE, *self.hints]
+        want = list(dict.fromkeys(r - r % PAGE for r in rows if 0 <= r < n))
+        want = [w for w in want if w not in self.pages][:MAX_PAGES // 2]
+        # a new ask supersedes the last (the app's page worker is exclusive): made only when
+        # the running one does not cover what is wanted now
+        if any(w not in self.asked for w in want):
+            self.asked = want
+            self.post_message(self.NeedPages(want))
 
     # -- moving -------------------------------------------------------------------------------
     def go(self, index: int) -> None:

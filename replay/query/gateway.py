@@ -164,12 +164,26 @@ class Gateway:
         return list(VIEW_DOCS)
 
     def cursor(self) -> duckdb.DuckDBPyConnection:
-        """A connection for another thread (DuckDB: one cursor per thread)."""
-        return self.con.cursor()
-
-    def sql(self, query: str, con: duckdb.DuckDBPyConnection | None = None) -> pa.Table:
+        """A connection for another thread (DuckDB: one cursor per thread), seeing the same
+        views. A cursor is a connection of its own: the Arrow tables registered on the main one
+        (live segments, `engines`, `dropped`, `integrity`) are registered on it too, without a
+        copy. Views materialised before (`materialize`) are temporary tables of the main
+        connection, which a cursor does not see: materialise on the connection that reads."""
+        cur = self.con.cursor()
         try:
-            return (con or self.con).sql(query).to_arrow_table()
+            for name, table in self._arrow.items():
+                cur.register(name, table)
+        except duckdb.Error as e:
+            cur.close()
+            raise TraceError(f"cannot open a cursor: {_one_line(e)}") from None
+        return cur
+
+    def sql(self, query: str, con: duckdb.DuckDBPyConnection | None = None,
+            params: list | dict | None = None) -> pa.Table:
+        """`query`'s result; `params` fills its `?`/`$1` (a list) or `$name` (a dict)
+        placeholders, so that a value from a person needs no quoting."""
+        try:
+            return (con or self.con).sql(query, params=params).to_arrow_table()
         except duckdb.Error as e:
             raise TraceError(f"SQL error: {_one_line(e)}") from None
 

@@ -323,3 +323,81 @@ def test_the_demo_recording_steps_through_its_preemption(demo_trace):
             kinds[-1]]
 
     run(scenario, demo_trace)
+
+
+def test_a_real_worker_that_cannot_start_shows_vllms_error_and_the_app_stays_usable():
+    # The sample's manifest asks for a KV cache this engine cannot give: vLLM itself refuses
+    # to start, on the worker thread; the pane says why and the other panes work on.
+    async def scenario(app, pilot):
+        await pilot.press("w")
+        pane = app.query_one("WorkerPane")
+        await until(pilot, lambda: pane.error is not None, timeout=180)
+        assert "could not start a vLLM engine" in pane.text
+        await pilot.press("d", "j")
+        await until(pilot, lambda: ready(app) and app.steps.cursor == 1)
+        await pilot.press("w")
+        assert "could not start a vLLM engine" in pane.text and app.session is None
+
+    run(scenario, SAMPLES / "mixed", worker="vllm", run_checks=False)
+
+
+def test_a_real_worker_marks_an_altered_token_goes_back_and_cancels(demo_trace, tmp_path):
+    """The demo's recording with one recorded token changed (an edit, named as such): the real
+    worker replays the original token there, which the pane marks as a divergence."""
+    import shutil
+
+    from checking import edit
+
+    shutil.copytree(demo_trace, tmp_path / "t")
+    rows = [r for r in table(tmp_path / "t", "model_outputs") if r["sampled_token_ids"]]
+    target = rows[len(rows) // 2]
+    step, rid, orig = target["step"], target["req_id"], target["sampled_token_ids"]
+    altered = [(orig[0] + 1) % 512]
+
+    def change(rows):
+        for r in rows:
+            if r["step"] == step and r["req_id"] == rid:
+                r["sampled_token_ids"] = altered
+        return rows
+
+    edit(tmp_path / "t", "model_outputs", change)
+    steps = sorted({r["step"] for r in table(tmp_path / "t", "steps")})
+    recorded = {r["req_id"]: r["sampled_token_ids"]
+                for r in table(tmp_path / "t", "model_outputs") if r["step"] == step}
+
+    async def scenario(app, pilot):
+        pane = app.query_one("WorkerPane")
+
+        def at(i: int) -> bool:
+            return pane.state is not None and pane.state["position"] == i + 1
+
+        await pilot.press("w")
+        await until(pilot, lambda: at(0), timeout=300)  # the engine is built first
+        app.goto_step(step)
+        i = steps.index(step)
+        await until(pilot, lambda: at(i), timeout=120)
+        mine = next(ln for ln in pane.text.splitlines() if f" {rid} " in ln and "|" in ln)
+        assert mine.lstrip().startswith("≠")
+        assert mine.split("|")[0].split(rid)[1].strip() == ", ".join(map(str, altered))
+        assert mine.split("|")[1].strip() == ", ".join(map(str, orig))
+        others = [ln for ln in pane.text.splitlines() if "|" in ln and "req_id" not in ln
+                  and f" {rid} " not in ln]
+        assert len(others) == len(recorded) - 1 and all(
+            ln.lstrip().startswith(("=", "~")) for ln in others)
+        assert f"divergences so far: 1, the first at step {step} req {rid}" in pane.text
+        assert step in app.steps.marked
+        # back one step: the real worker re-runs from the start, to the step before
+        await pilot.press("k")
+        await until(pilot, lambda: at(i - 1), timeout=120)
+        assert "divergences so far: 0" in pane.text
+        # a long replay, cancelled while its progress shows; the app goes on
+        await pilot.press("G")
+        await until(pilot, lambda: pane.has_class("replaying"), timeout=60)
+        await pilot.press("escape")
+        await until(pilot, lambda: "replay cancelled at position" in pane.status)
+        assert app.session.position < len(steps)
+        await pilot.press("g")
+        await until(pilot, lambda: at(0), timeout=120)
+        assert "divergences so far: 0" in pane.text
+
+    run(scenario, tmp_path / "t", worker="vllm", run_checks=False)
