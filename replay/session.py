@@ -1,9 +1,9 @@
 """Stepping over a trace with a worker: what the TUI and `vllm-contract replay` use.
 
 `Session(trace, worker="shadow")` steps the shadow worker (replay/worker/shadow.py) over one
-engine of a trace. Going back restores the nearest checkpoint the worker took (one every
-`checkpoint_every` steps, a copy of its whole state) and replays forward from it: at most
-`checkpoint_every - 1` steps of pure-Python work.
+engine of a trace. Going back (or far ahead) restores the nearest checkpoint at or below the
+target (one every `checkpoint_every` steps, a packed snapshot of the whole state) and replays
+forward from it: at most `checkpoint_every - 1` steps of pure-Python work.
 
 `Session(trace, worker="vllm")` builds a vLLM engine from the trace's manifest and feeds it the
 recorded steps (replay/worker/real.py); `divergences` lists where its sampled tokens differ from
