@@ -52,17 +52,21 @@ def _write(dirpath: Path, table: str, seq: int, columns: dict) -> None:
               for f in sch]
     arrays = [a if isinstance(a, pa.Array) else pa.array(a, f.type) for a, f in zip(arrays, sch)]
     pq.write_table(pa.Table.from_arrays(arrays, schema=sch),
-                   dirpath / table / f"{seq:06d}.parquet", compression="zstd")
+                   schema.table_dir(dirpath, table) / f"{seq:06d}.parquet",
+                   compression="zstd")
 
 
-def generate(out: Path, steps: int, slots: int, chunk: int) -> dict:
-    name = "engine=bench-0-dp0"
-    d = out / name
-    if out.exists():
+def generate(out: Path, steps: int, slots: int, chunk: int, engine: str = "bench-0-dp0",
+             fresh: bool = True, seed: int = 0) -> dict:
+    """One engine's trace in format 2 (OUT/_engines/engine=ENGINE, OUT/<table>/engine=ENGINE);
+    `fresh=False` adds the engine to what OUT holds (a fleet in one root)."""
+    d = out / schema.ENGINES_DIR / f"{schema.ENGINE_DIR_PREFIX}{engine}"
+    if fresh and out.exists():
         shutil.rmtree(out)
+    d.mkdir(parents=True)
     for t in schema.TABLE_NAMES:
-        (d / t).mkdir(parents=True)
-    starts, lengths, numbers = plan(steps, slots)
+        schema.table_dir(d, t).mkdir(parents=True)
+    starts, lengths, numbers = plan(steps, slots, seed)
     slot_ids = np.arange(slots)
     rows_written = 0
     for seq, s0 in enumerate(range(0, steps, chunk)):
