@@ -62,3 +62,5 @@ def main(out: Path, model: Path | None = None) -> None:
     print(f"  vllm-contract check {out}")
     print(f"  vllm-contract sql {out} \"SELECT * FROM lifeline\"")
     print(f"  vllm-contract compact {out}")
+    print(f"  vllm-contract replay {out} --worker vllm    # a real worker, token for token")
+    print(f"  vllm-contract tui {out}")
