@@ -354,3 +354,18 @@ def test_model_option_points_at_a_copy(demo, tmp_path, tiny_model):
     r = invoke("replay", t, "--worker", "vllm", "--model", tmp_path / "copy", "--until", "10")
     assert r.exit_code == 0, r.output
     assert "11 of 11 step(s) replayed" in r.stdout
+
+
+def test_structured_output_is_named_not_comparable(tiny_model, tmp_path):
+    """The real scheduler with two requests under an xgrammar grammar: the trace holds no
+    bitmask, so a replay says it samples them unconstrained instead of comparing them."""
+    from vllm_contract.rig import scenarios
+
+    scenarios.run("structured_output", tiny_model, tmp_path)
+    e = _engine(tmp_path)
+    constrained = {r["req_id"] for r in e.read("requests").to_pylist()
+                   if json.loads(r["sampling_params"]).get("structured_outputs")}
+    assert len(constrained) == 2
+    nc = plan(e).not_comparable
+    assert set(nc) == constrained
+    assert all("no grammar bitmask" in why for why in nc.values())
