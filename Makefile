@@ -7,7 +7,7 @@ STAMP := $(VENV)/.vllm-contract-installed
 # The tiny local model is built once into the checkout's .cache/.
 export VLLM_CONTRACT_CACHE ?= $(CURDIR)/.cache
 
-.PHONY: setup test demo bench fuzz samples docs clean
+.PHONY: setup test demo bench fuzz spark samples docs clean
 
 setup: $(STAMP)
 
@@ -36,6 +36,10 @@ bench: $(STAMP)
 # The readers against many damaged copies of the samples (the suite runs a few dozen).
 fuzz: $(STAMP)
 	$(PY) bench/fuzz_reader.py --cases $${FUZZ_CASES:-1000}
+
+# The catalog on Spark against DuckDB on every sample (the suite checks three).
+spark: $(STAMP)
+	VLLM_CONTRACT_SPARK_ALL=1 $(PY) -m pytest -q tests/query/test_spark.py
 
 samples: $(STAMP)
 	$(PY) samples/regenerate.py

@@ -30,6 +30,11 @@ class CheckWorker(str, enum.Enum):
     shadow = "shadow"
 
 
+class SqlEngine(str, enum.Enum):
+    duckdb = "duckdb"
+    spark = "spark"
+
+
 Severity = enum.Enum("Severity", {s: s for s in SEVERITIES}, type=str)
 
 
@@ -111,6 +116,16 @@ def _add_worker_findings(report, trace: Path) -> None:
     report.findings.sort(key=lambda f: f.sort_key())
 
 
+def _spark_conf(items: list[str]) -> dict[str, str]:
+    conf = {}
+    for item in items:
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise TraceError(f"--spark-conf {item!r}: expected KEY=VALUE")
+        conf[key.strip()] = value
+    return conf
+
+
 @app.command()
 def check(
     trace: Annotated[Path, typer.Argument(help="Trace directory.")],
@@ -126,6 +141,15 @@ def check(
         "--worker", help="Also replay into this worker and add its findings (worker.*); one "
                          "saying what a catalog finding at the same step and request says "
                          "is left out.")] = None,
+    sql_engine: Annotated[SqlEngine, typer.Option(
+        "--sql-engine", help="Where the catalog's SQL runs: DuckDB in this process, or Spark "
+                             "(pip install 'vllm-contract[spark]'; needs Java 17+), with the "
+                             "same findings.")] = SqlEngine.duckdb,
+    master: Annotated[str, typer.Option(
+        "--master", help="Spark master URL (with --sql-engine spark).")] = "local[2]",
+    spark_conf: Annotated[Optional[list[str]], typer.Option(
+        "--spark-conf", metavar="KEY=VALUE",
+        help="A Spark setting (repeatable; with --sql-engine spark).")] = None,
 ) -> None:
     """Check a trace against the invariant catalog. Exit 0: nothing at or above --fail-on;
     1: findings at or above it; 2: unusable input."""
@@ -139,7 +163,15 @@ def check(
                 typer.echo(f"{inv.id:<36} {inv.severity:<8} {inv.title}")
             return
         selected = checker.select(invs, only)
-        with Gateway(trace) as gw:
+        if sql_engine is SqlEngine.spark:
+            from vllm_contract.replay.query.spark import SparkGateway
+
+            gateway = SparkGateway(trace, master=master, conf=_spark_conf(spark_conf or []))
+        else:
+            if spark_conf or master != "local[2]":
+                raise TraceError("--master and --spark-conf need --sql-engine spark")
+            gateway = Gateway(trace)
+        with gateway as gw:
             for w in gw.warnings:
                 warn(w)
             report = checker.run(gw, selected, progress=_progress)

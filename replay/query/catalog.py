@@ -197,7 +197,8 @@ def markdown(invariants: list[Invariant]) -> str:
            "below. A finding names the invariant, the engine, the step and the request. "
            "`Needs` lists the tables and views a check reads (checked when the catalog loads): "
            "on a trace that lacks one of those tables the check is skipped, except for those "
-           "it reads when present, which an absent table leaves empty.", "",
+           "it reads when present, which an absent table leaves empty. The SQL keeps to the rules "
+           "of docs/portable-sql.md, so that `check --sql-engine spark` finds the same.", "",
            "| id | severity | title |", "|---|---|---|"]
     out += [f"| `{i.id}` | {i.severity} | {i.title} |" for i in invariants]
     for i in invariants:

@@ -73,10 +73,22 @@ LEFT JOIN agg a ON a.engine = i.engine AND a.req_id = i.req_id AND a.intro_step 
 LEFT JOIN ev ON ev.engine = i.engine AND ev.req_id = i.req_id AND ev.intro_step = i.intro_step
 """
 
-# Ids listed with no introduction before them (an engine attached mid-stream, or a bug) are keyed
-# by a negative hash of (engine, req_id): numbering them exactly needs a second pass over every
-# row (0.6 s of 2.6 s at 100k steps). Two such ids share a key only if 62-bit hashes collide.
-ORPHAN_KEY = "-1 - CAST(HASH({engine}, {req_id}) >> 2 AS BIGINT)"
+# Fingerprints of a pair of integers (a step and a count or an id's key), summed over a set of
+# pairs: two sets with equal sums of both fingerprints are the same set, barring a collision of
+# two independent 31-bit fingerprints. Plain integer arithmetic (docs/portable-sql.md): DuckDB's
+# HASH is 64-bit unsigned and Spark's 32-bit signed, so sums of HASH meant different things on
+# the two engines. Each fingerprint is the cube, modulo a prime P with P % 3 = 2 (so cubing
+# mixes without merging values), of a*K + b modulo P; with a (a step) below 2^31 and K below
+# 2^32 nothing exceeds a BIGINT, and a sum of fingerprints over 2^32 rows still fits one.
+FINGERPRINTS = ((2654435761, 2147483579), (2246822519, 2147483549))
+
+
+def fingerprint(a: str, b: str, which: int) -> str:
+    """SQL for fingerprint `which` (0 or 1) of the pair (a, b): NULL if either is NULL."""
+    k, p = FINGERPRINTS[which]
+    x = f"((({a}) * {k} + ({b})) % {p})"
+    return f"({x} * {x} % {p} * {x} % {p})"
+
 
 # Every listed request id, and whether its rows need the window to find each row's previous
 # one. They do not (plain) when the id is one request instance (or one orphan), listed in every
@@ -84,9 +96,9 @@ ORPHAN_KEY = "-1 - CAST(HASH({engine}, {req_id}) >> 2 AS BIGINT)"
 # missing, and each row's num_computed_tokens is the previous row's computed plus scheduled
 # tokens. Then the previous row of a row is the one of the step before, and its end is this
 # row's num_computed_tokens. That last condition is checked for all rows of an id at once by
-# comparing two sums of hashes: of (step, computed) over every row but the first, and of
+# comparing sums of fingerprints: of (step, computed) over every row but the first, and of
 # (step + 1, computed + scheduled) over every row but the last. They are equal exactly when the
-# two sets of pairs are (a duplicate or a missing step breaks it too), unless 64-bit hash sums
+# two sets of pairs are (a duplicate or a missing step breaks it too), unless the fingerprints
 # collide. In a trace of decoding requests nearly every id is plain; sorting all rows by request,
 # as the window does, took 7 of the 17 s that `runs` took at a million steps.
 # run_groups' pass over every listed row, one engine at a time (see per_engine)
@@ -100,16 +112,26 @@ RUN_GROUPS_PASS = """
            ARG_MAX(num_computed_tokens + num_scheduled_tokens, step) AS last_end,
            MAX(num_computed_tokens + num_scheduled_tokens - COALESCE(num_output_tokens, 0))
                AS most_ahead,
-           SUM(HASH(step, num_computed_tokens)) AS starts,
-           SUM(HASH(step + 1, num_computed_tokens + num_scheduled_tokens)) AS ends
+           SUM({fp_start_0}) AS starts_0, SUM({fp_start_1}) AS starts_1,
+           SUM({fp_end_0}) AS ends_0, SUM({fp_end_1}) AS ends_1
     FROM scheduled
-    WHERE engine = {engine} AND kind IS NOT NULL
-    GROUP BY req_id"""
+    WHERE engine = {{engine}} AND kind IS NOT NULL
+    GROUP BY req_id""".format(
+    fp_start_0=fingerprint("step", "num_computed_tokens", 0),
+    fp_start_1=fingerprint("step", "num_computed_tokens", 1),
+    fp_end_0=fingerprint("step + 1", "num_computed_tokens + num_scheduled_tokens", 0),
+    fp_end_1=fingerprint("step + 1", "num_computed_tokens + num_scheduled_tokens", 1))
 
 RUN_GROUPS_SQL = f"""
 CREATE VIEW run_groups AS
-WITH g AS (
+WITH g0 AS (
 {{groups}}
+),
+g AS (
+    -- ids listed with no introduction before them (an engine attached mid-stream, or a bug):
+    -- keyed by a negative number of their own, counted over the ids (one row each), not rows
+    SELECT g0.*, -CAST(ROW_NUMBER() OVER (ORDER BY engine, req_id) AS BIGINT) AS orphan
+    FROM g0
 ),
 drafted AS (
     -- ids with drafts (from `drafts`: counting them here read every row's list, 0.35 s at a
@@ -127,15 +149,16 @@ candidates AS (
          AND (i.next_intro_step IS NULL OR i.next_intro_step > g.first_step)
     WHERE g.n = g.last_step - g.first_step + 1 AND g.n_computed = g.n AND g.n_scheduled = g.n
       AND d.req_id IS NULL AND g.uncached = CASE WHEN g.first_kind = 'cached' THEN 0 ELSE 1 END
-      AND g.starts - HASH(g.first_step, g.first_computed)
-          = g.ends - HASH(g.last_step + 1, g.last_end)
+      AND g.starts_0 - {fingerprint("g.first_step", "g.first_computed", 0)}
+          = g.ends_0 - {fingerprint("g.last_step + 1", "g.last_end", 0)}
+      AND g.starts_1 - {fingerprint("g.first_step", "g.first_computed", 1)}
+          = g.ends_1 - {fingerprint("g.last_step + 1", "g.last_end", 1)}
     GROUP BY g.engine, g.req_id, g.first_step
 )
 SELECT g.engine, g.req_id, g.first_step, g.last_step, g.first_kind, g.last_end, g.most_ahead,
        c.req_id IS NOT NULL AS plain,
-       CASE WHEN c.req_id IS NOT NULL
-            THEN COALESCE(c.inst, {ORPHAN_KEY.format(engine="g.engine", req_id="g.req_id")}) END
-           AS inst
+       -- an id that is not plain: the key of its rows that no introduction precedes
+       CASE WHEN c.req_id IS NOT NULL THEN COALESCE(c.inst, g.orphan) ELSE g.orphan END AS inst
 FROM g
 LEFT JOIN candidates c ON c.engine = g.engine AND c.req_id = g.req_id
      AND (c.n_inst = 0 OR (c.n_inst = 1 AND c.intro_step <= c.first_step))
@@ -144,8 +167,8 @@ LEFT JOIN candidates c ON c.engine = g.engine AND c.req_id = g.req_id
 # The columns of a listed row that `runs` carries: counts as INTEGER, and no more columns than
 # the checks read (every byte of a row travels through the window's sort).
 # Blocks a row adds to each KV cache group's table (new_block_ids holds one list per group).
-_BLOCKS = """CAST(CASE WHEN CARDINALITY({ids}) > 0
-                 THEN CARDINALITY(FLATTEN({ids})) / CARDINALITY({ids})
+_BLOCKS = """CAST(CASE WHEN {ids} IS NOT NULL AND CARDINALITY({ids}) > 0
+                 THEN CARDINALITY(FLATTEN({ids})) // CARDINALITY({ids})
                  ELSE 0 END AS INTEGER)"""
 
 _RUN_COLUMNS = """s.step, s.kind, CAST(s.num_scheduled_tokens AS INTEGER) AS num_scheduled_tokens,
@@ -160,8 +183,9 @@ CREATE VIEW windowed_runs AS
 WITH keyed AS (
     -- the rows of ids that are not plain, each with its request instance (`instances`' inst)
     SELECT {_RUN_COLUMNS.format(
-        drafts="CAST(COALESCE(CARDINALITY(s.spec_token_ids), 0) AS INTEGER)")},
-           COALESCE(i.inst, {ORPHAN_KEY.format(engine="s.engine", req_id="s.req_id")}) AS inst
+        drafts="CAST(CASE WHEN s.spec_token_ids IS NULL THEN 0 "
+               "ELSE CARDINALITY(s.spec_token_ids) END AS INTEGER)")},
+           COALESCE(i.inst, g.inst) AS inst
     FROM scheduled s
     JOIN run_groups g ON g.engine = s.engine AND g.req_id = s.req_id AND NOT g.plain
     LEFT JOIN instances i ON i.engine = s.engine AND i.req_id = s.req_id
@@ -201,13 +225,35 @@ FROM windowed_runs
 # a step's rows with the step (its total, the budget, the model output's ids, max_model_len). One
 # pass over the rows instead of one per check: 0.4-0.9 s each at a million steps. One engine at a
 # time (see per_engine).
+# Each id listed with tokens or in the model output, numbered: `step_totals` and
+# outputs.ids_mismatch fingerprint (step, id) pairs by the number (strings have no portable
+# hash cheap enough for every row; see docs/portable-sql.md). One engine at a time.
+REQ_KEYS_PASS = """
+SELECT ANY_VALUE(engine) AS engine, req_id
+FROM (SELECT engine, req_id FROM scheduled
+      WHERE engine = {engine} AND num_scheduled_tokens IS NOT NULL AND req_id IS NOT NULL
+      UNION ALL
+      SELECT engine, req_id FROM model_outputs WHERE engine = {engine} AND req_id IS NOT NULL) ids
+GROUP BY req_id"""
+
+REQ_KEYS_SQL = """
+CREATE VIEW req_keys AS
+-- numbered within each engine: an engine's views are the same alone as beside others
+SELECT engine, req_id,
+       CAST(ROW_NUMBER() OVER (PARTITION BY engine ORDER BY req_id) AS BIGINT) AS k
+FROM ({ids}) ids
+"""
+
 STEP_TOTALS_PASS = """
-SELECT ANY_VALUE(engine) AS engine, step, COUNT(*) AS n, SUM(num_scheduled_tokens) AS tokens,
-       SUM(HASH(step, req_id)) AS ids_hash,
-       MAX(num_computed_tokens + num_scheduled_tokens) AS most_tokens
-FROM scheduled
-WHERE engine = {engine} AND num_scheduled_tokens IS NOT NULL
-GROUP BY step"""
+SELECT ANY_VALUE(s.engine) AS engine, s.step, COUNT(*) AS n,
+       SUM(s.num_scheduled_tokens) AS tokens, SUM({fp_id_0}) AS ids_fp_0,
+       SUM({fp_id_1}) AS ids_fp_1,
+       MAX(s.num_computed_tokens + s.num_scheduled_tokens) AS most_tokens
+FROM scheduled s
+LEFT JOIN req_keys k ON k.engine = s.engine AND k.req_id = s.req_id
+WHERE s.engine = {{engine}} AND s.num_scheduled_tokens IS NOT NULL
+GROUP BY s.step""".format(fp_id_0=fingerprint("s.step", "k.k", 0),
+                         fp_id_1=fingerprint("s.step", "k.k", 1))
 
 # The rows that hand out blocks or reset a block table (about one row in fourteen of a decoding
 # trace), with their block ids in one list: the three block checks read these instead of each
@@ -229,15 +275,15 @@ FROM scheduled
 WHERE spec_token_ids IS NOT NULL
 """
 
-# Names for runs' keys: every instance, and every orphan (its key recomputed from its name).
-RUN_IDS_SQL = f"""
+# Names for runs' keys: every instance, and every orphan (run_groups numbers them).
+RUN_IDS_SQL = """
 CREATE VIEW run_ids AS
 SELECT inst, engine, req_id, intro_step, next_intro_step, prompt_len FROM instances
 UNION ALL
-SELECT DISTINCT o.inst, s.engine, s.req_id, CAST(NULL AS BIGINT) AS intro_step,
+SELECT o.inst, g.engine, g.req_id, CAST(NULL AS BIGINT) AS intro_step,
        CAST(NULL AS BIGINT) AS next_intro_step, CAST(NULL AS BIGINT) AS prompt_len
 FROM (SELECT DISTINCT inst FROM runs WHERE inst < 0) o
-JOIN scheduled s ON {ORPHAN_KEY.format(engine="s.engine", req_id="s.req_id")} = o.inst
+JOIN run_groups g ON g.inst = o.inst
 """
 
 
@@ -261,7 +307,8 @@ def derived_sql(engines: list[str]) -> tuple[str, ...]:
     """The derived views' SQL for a trace of these engines, in creation order (each reads only
     the ones before it). The catalog reads them, so they are held to its portability rules too
     (tests transpile them to Spark SQL)."""
-    return ("CREATE VIEW step_totals AS " + per_engine(STEP_TOTALS_PASS, engines), GRANTS_SQL,
+    return (REQ_KEYS_SQL.format(ids=per_engine(REQ_KEYS_PASS, engines)),
+            "CREATE VIEW step_totals AS " + per_engine(STEP_TOTALS_PASS, engines), GRANTS_SQL,
             DRAFTS_SQL, INSTANCES_SQL, LIFELINE_SQL,
             RUN_GROUPS_SQL.format(groups=per_engine(RUN_GROUPS_PASS, engines)),
             WINDOWED_RUNS_SQL, RUNS_SQL, RUN_IDS_SQL)
@@ -287,10 +334,13 @@ VIEW_DOCS = {
     "dropped": "One row per range of steps the recorder dropped (writer behind).",
     "integrity": "One row per segment whose data fails its checksum (damaged after it was "
                  "written): engine, segment (its path), details.",
+    "req_keys": "One row per request id listed with tokens in `scheduled` or in "
+                "`model_outputs`: engine, req_id, k (a number, unique in its engine).",
     "step_totals": "One row per step with listed requests: engine, step, n (rows with a token "
-                   "count), tokens (their sum), ids_hash (the sum of HASH(step, req_id) over them: "
-                   "two steps, or two spans of steps summed, list the same ids when n and "
-                   "ids_hash agree, barring a 64-bit collision), most_tokens (the largest "
+                   "count), tokens (their sum), ids_fp_0 and ids_fp_1 (the sums of the two "
+                   "fingerprints of (step, req_keys.k) over them, see docs/portable-sql.md: "
+                   "two steps, or two spans of steps summed, list the same ids when n and both "
+                   "sums agree, barring a collision), most_tokens (the largest "
                    "num_computed_tokens + num_scheduled_tokens).",
     "grants": "The `scheduled` rows that hand out blocks or reset a request's block table (new "
               "or resumed): engine, step, req_id, kind, pos, num_computed_tokens, "
@@ -311,8 +361,8 @@ VIEW_DOCS = {
     "runs": "One row per listed request in a step (the `scheduled` rows with a kind), keyed by "
             "request instance, with the instance's previous listed row (see the columns below).",
     "run_ids": "What runs' `inst` keys name: engine, req_id, intro_step, next_intro_step, "
-               "prompt_len (negative keys: ids listed with no introduction before them, keyed by a hash "
-               "of engine and req_id).",
+               "prompt_len (negative keys: ids listed with no introduction before them, run_groups' "
+               "`inst`).",
 }
 
 
@@ -351,12 +401,13 @@ def views_markdown() -> str:
             "`first_kind`, "
             "`last_end` (the last row's num_computed_tokens + num_scheduled_tokens), "
             "`most_ahead` (the largest num_computed_tokens + num_scheduled_tokens - "
-            "num_output_tokens of its rows), `plain`, `inst` (of a plain id). A check that a plain "
+            "num_output_tokens of its rows), `plain`, `inst` (of a plain id its rows' key; of "
+            "another, the negative key its rows take where no introduction precedes them). A check that a plain "
             "id's rows can break only in a way these show reads its rows only when they do. "
             "Plain: listed in every step from its first to its last as one request "
             "instance (or one orphan), cached after its first row, without drafts or missing "
             "counts, each row's num_computed_tokens the previous row's end (checked by sums of "
-            "hashes). A plain id's previous rows are known without sorting: `runs` sends only "
+            "fingerprints). A plain id's previous rows are known without sorting: `runs` sends only "
             "the other ids' rows through its window."]
     return "\n".join(out) + "\n"
 

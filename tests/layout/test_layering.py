@@ -96,6 +96,15 @@ def test_only_the_query_layer_imports_duckdb_on_the_reading_side():
     assert bad == []
 
 
+def test_pyspark_only_in_the_spark_module_and_only_lazily():
+    """pyspark is an optional extra: nothing but replay/query/spark.py may import it, and that
+    only inside functions, so that `check` on DuckDB never needs it."""
+    everywhere = [v for folder in ("core", "recorder", "replay", "cli", "tui", "rig")
+                  for v in _violations(folder, ("pyspark",))]
+    assert [v for v in everywhere if not v.startswith("vllm_contract.replay.query.spark")] == []
+    assert _violations("replay", ("pyspark",), top_level_only=True) == []
+
+
 # replay's public face: the names `vllm_contract.replay` exports (a `from vllm_contract.replay
 # import Session` reads as vllm_contract.replay.Session)
 REPLAY_FACE = ("vllm_contract.replay.trace", "vllm_contract.replay.open_trace",

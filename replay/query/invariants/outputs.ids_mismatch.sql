@@ -4,7 +4,7 @@
 -- why: update_from_output() indexes sampled tokens by req_id_to_index; a missing id drops that
 --      request's token, an extra one is a request the scheduler did not run.
 -- relies_on: vllm/v1/core/sched/scheduler.py Scheduler.update_from_output
--- needs: scheduled, model_outputs, updates, step_totals
+-- needs: scheduled, model_outputs, updates, step_totals, req_keys
 -- columns: engine, step, req_id, details
 WITH updated AS (
     SELECT engine, MIN(step) AS lo, MAX(step) AS hi, COUNT(DISTINCT step) AS n_steps
@@ -16,29 +16,34 @@ whole AS (
     SELECT engine, lo, hi FROM updated WHERE n_steps = hi - lo + 1
 ),
 sched_all AS (
-    SELECT w.engine, SUM(t.n) AS n, SUM(t.ids_hash) AS h
+    SELECT w.engine, SUM(t.n) AS n, SUM(t.ids_fp_0) AS h0, SUM(t.ids_fp_1) AS h1
     FROM whole w
     JOIN step_totals t ON t.engine = w.engine AND t.step >= w.lo AND t.step <= w.hi
     GROUP BY w.engine
 ),
 out_all AS (
     -- every row (a join with the span would cost more than the sums): the span's bounds say
-    -- whether they all lie in it
-    SELECT engine, COUNT(*) AS n, SUM(HASH(step, req_id)) AS h, MIN(step) AS lo, MAX(step) AS hi
-    FROM model_outputs
-    GROUP BY engine
+    -- whether they all lie in it. The fingerprints are step_totals' (views.fingerprint).
+    SELECT m.engine, COUNT(*) AS n,
+           SUM(((((m.step) * 2654435761 + (k.k)) % 2147483579) * (((m.step) * 2654435761 + (k.k)) % 2147483579) % 2147483579 * (((m.step) * 2654435761 + (k.k)) % 2147483579) % 2147483579)) AS h0,
+           SUM(((((m.step) * 2246822519 + (k.k)) % 2147483549) * (((m.step) * 2246822519 + (k.k)) % 2147483549) % 2147483549 * (((m.step) * 2246822519 + (k.k)) % 2147483549) % 2147483549)) AS h1,
+           MIN(m.step) AS lo, MAX(m.step) AS hi
+    FROM model_outputs m
+    LEFT JOIN req_keys k ON k.engine = m.engine AND k.req_id = m.req_id
+    GROUP BY m.engine
 ),
 settled AS (
-    -- Such an engine's rows are first compared as a whole: the count and the sum of
-    -- HASH(step, req_id) of its listed rows in that span against its model output's, when the
-    -- model output has no row outside the span. They agree exactly when no step differs
-    -- (barring a 64-bit collision), and then neither table is grouped by step (the model
+    -- Such an engine's rows are first compared as a whole: the count and the sums of the
+    -- fingerprints of (step, req_id) of its listed rows in that span against its model
+    -- output's, when the model output has no row outside the span. They agree exactly when no
+    -- step differs (barring a collision of both fingerprints), and then neither table is grouped by step (the model
     -- output's grouping took 1 s at a million steps).
     SELECT w.engine
     FROM whole w
     LEFT JOIN sched_all a ON a.engine = w.engine
     LEFT JOIN out_all o ON o.engine = w.engine
-    WHERE COALESCE(a.n, 0) = COALESCE(o.n, 0) AND COALESCE(a.h, 0) = COALESCE(o.h, 0)
+    WHERE COALESCE(a.n, 0) = COALESCE(o.n, 0) AND COALESCE(a.h0, 0) = COALESCE(o.h0, 0)
+      AND COALESCE(a.h1, 0) = COALESCE(o.h1, 0)
       AND (o.engine IS NULL OR (o.lo >= w.lo AND o.hi <= w.hi))
 ),
 unsettled AS (
@@ -54,16 +59,19 @@ unsettled_span AS (
     HAVING COUNT(*) > 0
 ),
 sched_fp AS (
-    -- The other engines' steps are compared each as a fingerprint (count and sum of hashes), and
-    -- only the steps whose fingerprints differ are joined id by id: the full join of a
-    -- million-step trace spilled (18 s; 2.6 s this way). Two different id sets of one step escape
-    -- only if their 64-bit hash sums collide.
-    SELECT t.engine, t.step, t.n, t.ids_hash AS h
+    -- The other engines' steps are compared each by count and sums of fingerprints, and only
+    -- the steps whose sums differ are joined id by id: the full join of a million-step trace
+    -- spilled (18 s; 2.6 s this way). Two different id sets of one step escape only if both
+    -- fingerprints' sums collide.
+    SELECT t.engine, t.step, t.n, t.ids_fp_0 AS h0, t.ids_fp_1 AS h1
     FROM step_totals t JOIN unsettled_span b ON t.step >= b.lo AND t.step <= b.hi
 ),
 out_fp AS (
-    SELECT m.engine, m.step, COUNT(*) AS n, SUM(HASH(m.step, m.req_id)) AS h
+    SELECT m.engine, m.step, COUNT(*) AS n,
+           SUM(((((m.step) * 2654435761 + (k.k)) % 2147483579) * (((m.step) * 2654435761 + (k.k)) % 2147483579) % 2147483579 * (((m.step) * 2654435761 + (k.k)) % 2147483579) % 2147483579)) AS h0,
+           SUM(((((m.step) * 2246822519 + (k.k)) % 2147483549) * (((m.step) * 2246822519 + (k.k)) % 2147483549) % 2147483549 * (((m.step) * 2246822519 + (k.k)) % 2147483549) % 2147483549)) AS h1
     FROM model_outputs m JOIN unsettled_span b ON m.step >= b.lo AND m.step <= b.hi
+    LEFT JOIN req_keys k ON k.engine = m.engine AND k.req_id = m.req_id
     GROUP BY m.engine, m.step
 ),
 suspect AS (
@@ -72,7 +80,8 @@ suspect AS (
           JOIN unsettled x ON x.engine = d.engine) u
     LEFT JOIN sched_fp s ON s.engine = u.engine AND s.step = u.step
     LEFT JOIN out_fp o ON o.engine = u.engine AND o.step = u.step
-    WHERE COALESCE(s.n, 0) <> COALESCE(o.n, 0) OR COALESCE(s.h, 0) <> COALESCE(o.h, 0)
+    WHERE COALESCE(s.n, 0) <> COALESCE(o.n, 0) OR COALESCE(s.h0, 0) <> COALESCE(o.h0, 0)
+       OR COALESCE(s.h1, 0) <> COALESCE(o.h1, 0)
 ),
 bounds AS (
     -- a range filter before the join: usually no step is suspect, and then it has no row and

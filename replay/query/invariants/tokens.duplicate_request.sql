@@ -12,7 +12,7 @@ WITH dup AS (
     SELECT DISTINCT inst, step FROM windowed_runs WHERE prev_step = step
 )
 SELECT k.engine, r.step, k.req_id,
-       'listed ' || CAST(COUNT(*) AS VARCHAR) || ' times (' || STRING_AGG(r.kind, ', ') || ')'
+       'listed ' || CAST(COUNT(*) AS VARCHAR) || ' times (' || STRING_AGG(r.kind, ', ' ORDER BY r.kind) || ')'
        AS details
 FROM windowed_runs r
 JOIN dup d ON d.inst = r.inst AND d.step = r.step

@@ -1,0 +1,204 @@
+"""The invariant catalog on Spark: a gateway with the DuckDB gateway's face (views, present,
+materialize, sql returning Arrow), so that `checker.run` runs the same catalog over it and builds
+the same findings, severities and titles from the catalog's headers.
+
+The trace is read through the project's own reader (torn tails, checksums and warnings handled as
+for DuckDB) and handed to Spark as Arrow; every view and check is the catalog's DuckDB SQL,
+transpiled by sqlglot at run time. The SQL keeps to the rules of docs/portable-sql.md, so that
+both engines give the same rows. pyspark is an optional extra, imported here alone and lazily.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from functools import lru_cache
+from pathlib import Path
+
+import pyarrow as pa
+
+from vllm_contract import schema
+from vllm_contract.errors import TraceError
+from vllm_contract.trace import Trace, open_trace, reading
+from vllm_contract.replay.query.views import (DROPPED_SCHEMA, ENGINES_SCHEMA, INTEGRITY_SCHEMA,
+                                              VIEW_DOCS, derived_sql)
+
+INSTALL = "pip install 'vllm-contract[spark]'"
+
+# Settings for a small local run; --spark-conf overrides any of them.
+DEFAULT_CONF = {
+    # Spark 4's default, stated: overflow and bad casts fail as in DuckDB instead of wrapping or
+    # giving NULL, and CARDINALITY(NULL) is NULL (with ANSI off it is -1)
+    "spark.sql.ansi.enabled": "true",
+    # and whatever ANSI mode a user sets: the catalog never counts a NULL list as -1
+    "spark.sql.legacy.sizeOfNull": "false",
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+    "spark.sql.shuffle.partitions": "4",
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.driver.memory": "2g",
+    # DuckDB's session zone is the machine's; timestamps are compared as numbers in the catalog,
+    # but a fixed zone keeps any text of them the same on every machine
+    "spark.sql.session.timeZone": "UTC",
+}
+
+_CREATE = re.compile(r"\s*CREATE VIEW (\w+) AS\s", re.IGNORECASE)
+
+
+def java_missing() -> str | None:
+    """Why Spark cannot start a JVM here, or None."""
+    home = os.environ.get("JAVA_HOME")
+    if home and (Path(home) / "bin" / "java").exists():
+        return None
+    if shutil.which("java"):
+        return None
+    return ("the Spark engine needs Java 17 or later: install a JDK and put `java` on PATH "
+            "(or set JAVA_HOME)")
+
+
+def _pyspark():
+    try:
+        import pyspark  # noqa: F401
+        from pyspark.sql import SparkSession
+    except ImportError:
+        raise TraceError(f"the Spark engine needs pyspark: {INSTALL}") from None
+    return SparkSession
+
+
+def session(master: str = "local[2]", conf: dict[str, str] | None = None):
+    """A SparkSession with DEFAULT_CONF, then `conf`, applied. TraceError (one line) when
+    pyspark or Java is missing or the JVM does not start."""
+    SparkSession = _pyspark()
+    if why := java_missing():
+        raise TraceError(why)
+    builder = SparkSession.builder.master(master).appName("vllm-contract")
+    for k, v in {**DEFAULT_CONF, **(conf or {})}.items():
+        builder = builder.config(k, v)
+    try:
+        spark = builder.getOrCreate()
+    except Exception as e:  # noqa: BLE001 - the JVM's failures have many types
+        raise TraceError(f"cannot start Spark ({master}): {_one_line(e)}") from None
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+@lru_cache(maxsize=512)
+def transpile(sql: str) -> str:
+    """DuckDB SQL (the catalog's dialect) as Spark SQL."""
+    import sqlglot
+    from sqlglot.errors import ErrorLevel
+
+    try:
+        return sqlglot.transpile(sql, read="duckdb", write="spark",
+                                 unsupported_level=ErrorLevel.RAISE)[0]
+    except sqlglot.errors.SqlglotError as e:
+        raise TraceError(f"cannot transpile to Spark SQL: {_one_line(e)}") from None
+
+
+class SparkGateway:
+    """One trace's tables and derived views as temporary views of a SparkSession, with the
+    parts of Gateway's face that the checker uses. `spark`: a session to use (and leave open);
+    without one, a session is started from `master` and `conf` and stopped at close()."""
+
+    def __init__(self, trace: Trace | str | Path, spark=None, master: str = "local[2]",
+                 conf: dict[str, str] | None = None) -> None:
+        from vllm_contract.replay.query.gateway import Gateway, _problem_row
+
+        self.trace = trace if isinstance(trace, Trace) else open_trace(trace)
+        if spark is None:
+            # a session already running in this process is used, and left running
+            self._own = _pyspark().getActiveSession() is None
+            spark = session(master, conf)
+        else:
+            self._own = False
+        self.spark = spark
+        self.present: set[str] = set()
+        self._materialized: set[str] = set()
+        self._frames: list = []  # stored frames, released at close()
+        try:
+            with reading(self.trace.root):
+                for table in schema.TABLE_NAMES:
+                    if any(e.segments(table) for e in self.trace.engines):
+                        self.present.add(table)
+                    self._register(table, self.trace.read(table))
+            self._register("engines", pa.Table.from_pylist(
+                [Gateway._engine_row(e) for e in self.trace.engines], schema=ENGINES_SCHEMA))
+            self._register("dropped", pa.Table.from_pylist([
+                {"engine": e.name, "first_step": a, "last_step": b}
+                for e in self.trace.engines for a, b in e.manifest.get("dropped_steps", [])],
+                schema=DROPPED_SCHEMA))
+            self._register("integrity", pa.Table.from_pylist([
+                _problem_row(e, p) for e in self.trace.engines for p in e.problems],
+                schema=INTEGRITY_SCHEMA))
+            for sql in derived_sql([e.name for e in self.trace.engines]):
+                m = _CREATE.match(sql)
+                # Every derived view is stored as soon as it is made: over the nested plans of
+                # plain views Spark's planner ran out of heap (computed.progress, on 1.2k rows)
+                self._store(m.group(1), self.spark.sql(transpile(sql[m.end():])))
+                self._materialized.add(m.group(1))
+        except TraceError:
+            self.close()
+            raise
+        except Exception as e:  # noqa: BLE001 - Spark's errors come from py4j and pyspark
+            self.close()
+            raise TraceError(f"{self.trace.root}: cannot create views on Spark: "
+                             f"{_one_line(e)}") from None
+        except BaseException:
+            self.close()
+            raise
+
+    def _register(self, name: str, table: pa.Table) -> None:
+        # the trace's own Arrow types: Spark infers them from the Arrow schema, rows or none
+        self.spark.createDataFrame(table).createOrReplaceTempView(name)
+
+    def _store(self, name: str, df) -> None:
+        # localCheckpoint cuts the plan, so a view reading this one plans over a scan of it
+        stored = df.localCheckpoint(eager=True)
+        self._frames.append(stored)
+        stored.createOrReplaceTempView(name)
+
+    @property
+    def warnings(self) -> list[str]:
+        return self.trace.warnings
+
+    @property
+    def views(self) -> list[str]:
+        return list(VIEW_DOCS)
+
+    def is_materialized(self, view: str) -> bool:
+        return view in self._materialized
+
+    def materialize(self, view: str) -> None:
+        """Every derived view is stored when the gateway is made."""
+
+    def sql(self, query: str) -> pa.Table:
+        """`query` (DuckDB SQL, transpiled) run on Spark, as Arrow."""
+        spark_sql = transpile(query)
+        try:
+            return self.spark.sql(spark_sql).toArrow()
+        except Exception as e:  # noqa: BLE001 - Spark's errors come from py4j and pyspark
+            raise TraceError(f"SQL error (Spark): {_one_line(e)}") from None
+
+    def close(self) -> None:
+        for df in self._frames:
+            try:
+                df.unpersist()
+            except Exception:  # noqa: BLE001,S110 - a stopped session has nothing to release
+                pass
+        self._frames = []
+        if self._own and self.spark is not None:
+            self.spark.stop()
+            self.spark = None
+
+    def __enter__(self) -> "SparkGateway":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split())
+    # a JVM error carries its whole stack trace: its first line says what went wrong
+    return text.split(" at org.apache.")[0].split("JVM stacktrace:")[0].strip()[:500]
