@@ -7,6 +7,9 @@ from __future__ import annotations
 import json
 import shutil
 import socket
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -24,13 +27,23 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def s3():
-    try:
-        from moto.server import ThreadedMotoServer
-    except ImportError as e:
-        pytest.fail(f"these tests need moto's S3 server: pip install 'moto[server]' ({e})")
+    """moto's S3 server in a process of its own: in this one, its Flask would sit in
+    sys.modules, where vLLM's start-up walks module attributes and trips on Flask's
+    context-bound proxies."""
     port = _free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
-    server.start()
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p",
+                             str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    end = time.time() + 60
+    while True:
+        if proc.poll() is not None:
+            pytest.fail("moto's S3 server did not start: these tests need "
+                        "`pip install 'moto[server]'` (in the test extra)")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            assert time.time() < end, "moto's server did not start within 60 s"
+            time.sleep(0.2)
     env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
            "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}"}
     mp = pytest.MonkeyPatch()
@@ -42,7 +55,8 @@ def s3():
                       allow_bucket_creation=True).create_dir("traces")
     yield "s3://traces"
     mp.undo()
-    server.stop()
+    proc.terminate()
+    proc.wait(30)
 
 
 def _json(*args):

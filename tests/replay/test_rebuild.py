@@ -112,8 +112,9 @@ def test_rebuilt_engine_run_equals_live(cpu_llm, tmp_path):
 
 
 def _edit_manifest(src, dst, edit) -> object:
-    shutil.copytree(src.dir, dst)
-    path = dst / "manifest.json"
+    shutil.copytree(src.root, dst)  # the whole trace: an engine's tables lie beside its home
+    (engine,) = open_trace(dst).engines
+    path = engine.dir / "manifest.json"
     m = json.loads(path.read_text())
     edit(m["fields"])
     path.write_text(json.dumps(m))
