@@ -76,7 +76,10 @@ def _blocked_starts(engine) -> list[tuple[int, int]]:
     forbids every start in (i, t]. A request never introduced before t forbids every start up
     to t in a trace begun mid-stream (the worker held it before the first step); in a trace
     recorded from the engine's start it is a broken contract, for the crash check to stop at."""
-    mid_stream = bool(engine.manifest.get("attached_mid_stream"))
+    m = engine.manifest
+    held = (m.get("worker_state_at_start") or {}).get("requests")
+    # begun mid-stream with requests already held; owing the worker only finished ids is not
+    mid_stream = bool(m.get("attached_mid_stream")) and held != 0
     rows = engine.read("scheduled", ["step", "req_id", "kind"]).to_pylist()
     last_new: dict[str, int] = {}
     out = []

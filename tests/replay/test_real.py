@@ -252,6 +252,9 @@ def test_crash_is_refused_then_reported_from_a_child(demo, tmp_path):
 
     shutil.copytree(demo[0], tmp_path / "t")
     intro, rid = _drop_intro(tmp_path / "t", "req-3")
+    # the shared engine may have begun this recording owing its worker a finished id (marked
+    # mid-stream); the edit is of a trace recorded from the start, so say so
+    edit_manifest(tmp_path / "t", attached_mid_stream=False)
     r = invoke("replay", tmp_path / "t", "--worker", "vllm", "-f", "json")
     assert r.exit_code == 1, r.output
     out = json.loads(r.stdout)
