@@ -48,6 +48,7 @@ docs: $(STAMP)
 	$(PY) -m vllm_contract.schema > docs/trace-tables.md
 	$(PY) -m vllm_contract.replay.query.catalog > docs/invariants.md
 	$(PY) -m vllm_contract.replay.query.views > docs/sql-views.md
+	PYTHONPATH=tests/tui $(PY) tests/tui/screenshot.py docs/tui.svg
 
 clean:
 	rm -rf $(VENV) .cache demo-trace build dist *.egg-info

@@ -6,6 +6,7 @@ back (tui/messages.py); errors of all of them go through one handler (on_worker_
 from __future__ import annotations
 
 import bisect
+import gc
 import threading
 import time
 
@@ -251,10 +252,17 @@ class ContractApp(App):
         self.load_pages(msg.starts)
 
     def on_page_loaded(self, msg: m.PageLoaded) -> None:
-        self.steps.add_page(msg.start, msg.rows)
+        lists = self.query(StepList)
+        if not lists:  # a page read as the app closed: its screen is gone
+            return
+        lists.first().add_page(msg.start, msg.rows)
         if not self._charts_asked:  # after the first page: the charts' scan would delay it
             self._charts_asked = True
             self.load_charts()
+            # What exists now lives as long as the app: kept out of the collector's full
+            # passes, each of which held the event loop (and the cursor) for a whole scan of
+            # it (bench/RESULTS.md). Given back at unmount.
+            gc.freeze()
 
     def on_step_list_moved(self, msg: StepList.Moved) -> None:
         self.query_one(Charts).point(msg.step)
@@ -460,6 +468,7 @@ class ContractApp(App):
         self.push_screen(HelpScreen())
 
     def on_unmount(self) -> None:
+        gc.unfreeze()
         if self._rest_timer is not None:
             self._rest_timer.stop()
         self.workers.cancel_all()

@@ -8,7 +8,7 @@ from __future__ import annotations
 from rich.cells import cell_len
 from rich.segment import Segment
 from rich.style import Style
-from textual.geometry import Size
+from textual.geometry import Region, Size
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
@@ -19,21 +19,36 @@ BOLD, DIM, RED, YELLOW = "bold", "dim", "red", "yellow"
 
 
 class Lines(ScrollView, can_focus=True):
-    DEFAULT_CSS = "Lines { height: 1fr; }"
+    # Scrollbars always there: one appearing or going as a new step's lines grow past the pane
+    # lays the whole screen out again, on the event loop the cursor waits for.
+    DEFAULT_CSS = "Lines { height: 1fr; overflow: scroll scroll; }"
 
     def __init__(self, text: str = "", **kw) -> None:
         super().__init__(**kw)
         self.lines: list[Line] = []
         self._strips: dict[int, Strip] = {}
         self._styles: dict[str, Style] = {}
+        self._base = Style()  # the widget's own style, read once per render
         self.set_lines([text] if text else [])
 
     def set_lines(self, lines: list[Line]) -> None:
         self.lines = lines
         self._strips.clear()
         width = max((self._width(ln) for ln in lines), default=0)
-        self.virtual_size = Size(width, len(lines))
+        self._resize(Size(width, len(lines)))
         self.refresh()
+
+    def _resize(self, size: Size) -> None:
+        """The new virtual size, without laying out the screen again: `virtual_size` is a
+        layout reactive, and a layout of the whole app on every step held the cursor back
+        (bench/RESULTS.md). The scrollbars are always shown, so none appears or goes."""
+        if size == self.virtual_size:
+            return
+        if not self.is_mounted or not self.size:
+            self.virtual_size = size  # the first layout is still to come
+            return
+        self.set_reactive(Lines.virtual_size, size)
+        self._scroll_update(size)
 
     @staticmethod
     def _width(line: Line) -> int:
@@ -54,14 +69,19 @@ class Lines(ScrollView, can_focus=True):
             strip = self._strips[index] = Strip(segs)
         return strip
 
+    def render_lines(self, crop: Region) -> list[Strip]:
+        self._base = self.rich_style  # computed from the CSS at each access: once, not per line
+        return super().render_lines(crop)
+
     def render_line(self, y: int) -> Strip:
         scroll_x, scroll_y = self.scroll_offset
         index = scroll_y + y
         width = self.scrollable_content_region.width
+        style = self._base
         if index >= len(self.lines):
-            return Strip.blank(width, self.rich_style)
+            return Strip.blank(width, style)
         return self._strip(index).crop_extend(scroll_x, scroll_x + width,
-                                              self.rich_style).apply_style(self.rich_style)
+                                              style).apply_style(style)
 
     @property
     def text(self) -> str:
