@@ -21,7 +21,7 @@ from vllm_contract.replay import Gateway, Session
 from vllm_contract.tui import checks, keys
 from vllm_contract.tui import messages as m
 from vllm_contract.tui.charts import Charts
-from vllm_contract.tui.data import TraceData
+from vllm_contract.tui.data import Interrupted, TraceData
 from vllm_contract.tui.detail import DetailPane
 from vllm_contract.tui.findings_pane import FindingsPane
 from vllm_contract.tui.request_pane import RequestPane
@@ -70,7 +70,6 @@ class ContractApp(App):
         self.session_error: str | None = None
         self._session_lock = threading.Lock()
         self._rest_timer = None
-        self._sql_cursor = None
         self._charts_asked = False
         self._check_gateway: Gateway | None = None
         self.follow_req: str | None = None
@@ -205,22 +204,16 @@ class ContractApp(App):
 
     @work(thread=True, exclusive=True, group="sql", exit_on_error=False)
     def run_sql(self, query: str) -> None:
-        cur = self.data.own_cursor()
-        self._sql_cursor = cur
-        try:
-            t = time.perf_counter()
-            table = self.data.sql(query, con=cur)
-            self.post(m.SqlDone(query, table, time.perf_counter() - t))
-        finally:
-            if self._sql_cursor is cur:
-                self._sql_cursor = None
-            self.data.drop_cursor(cur)
+        t = time.perf_counter()
+        self.post(m.SqlDone(query, self.data.sql(query, kind="sql"), time.perf_counter() - t))
 
     # -- the one handler for worker errors ----------------------------------------------------
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         if event.state != WorkerState.ERROR:
             return
         error = event.worker.error
+        if isinstance(error, Interrupted):  # superseded, or stopped by the person: no error
+            return
         text = str(error) if isinstance(error, TraceError) else f"{type(error).__name__}: {error}"
         group = event.worker.group
         if group == "worker":
@@ -459,9 +452,8 @@ class ContractApp(App):
             s = self.session
             pane.note("replay cancelled" + (f" at position {s.position}" if s else "")
                       + ": moving the cursor or `w` replays again")
-        cur = self._sql_cursor
-        if cur is not None:
-            cur.interrupt()
+        if self.data.stop("sql"):
+            self.query_one(SqlPane).status("query cancelled")
         self.steps.focus()
 
     def action_help(self) -> None:

@@ -18,6 +18,10 @@ from vllm_contract.replay import Gateway
 
 PAGE = 128  # rows of the steps list fetched at once
 
+
+class Interrupted(Exception):
+    """A query stopped because a newer one of its kind, or the person, superseded it."""
+
 STEP_COLUMNS = ("step", "t_ns", "new", "cached", "resumed", "tokens", "finished", "preempted",
                 "running", "waiting", "kv_usage")
 
@@ -72,6 +76,7 @@ class TraceData:
         self.root = self.gateway.trace.root
         self._cursors: list = []  # every cursor made, to interrupt and close them
         self._free: list = []  # the pool's idle ones
+        self._slots: dict[str, object] = {}  # kind of query -> the cursor running the newest
         self._lock = threading.Lock()
         self.steps = np.zeros(0, dtype=np.int64)
         self.t0 = 0  # the first step's t_ns: the list shows times since it
@@ -93,24 +98,44 @@ class TraceData:
             with self._lock:
                 self._free.append(cur)
 
-    def own_cursor(self):
-        """A cursor outside the pool, for a query that may be interrupted (the SQL prompt's):
-        interrupting a pooled cursor could stop another worker's query."""
+    @contextmanager
+    def newest(self, kind: str):
+        """A cursor of its own for a query that a newer one of the same kind supersedes (the
+        detail of a step the cursor left, a replaced SQL query): taking it interrupts the query
+        of the one before, which then raises `Interrupted`. A pooled cursor is never
+        interrupted: it may be running another worker's query by then."""
         cur = self.gateway.cursor()
-        with self._lock:
+        with self._lock:  # held while interrupting and closing: the old one is open here
             self._cursors.append(cur)
-        return cur
+            old = self._slots.get(kind)
+            self._slots[kind] = cur
+            if old is not None:
+                old.interrupt()
+        try:
+            yield cur
+        except TraceError as e:
+            if self._slots.get(kind) is not cur:
+                raise Interrupted(kind) from e
+            raise
+        finally:
+            with self._lock:
+                if self._slots.get(kind) is cur:
+                    del self._slots[kind]
+                if cur in self._cursors:  # else closed already, by close()
+                    self._cursors.remove(cur)
+                    cur.close()
 
-    def drop_cursor(self, cur) -> None:
+    def stop(self, kind: str) -> bool:
+        """Interrupt the newest query of `kind`, if one runs (the person pressed Esc)."""
         with self._lock:
-            if cur in self._cursors:
-                self._cursors.remove(cur)
-        cur.close()
+            cur = self._slots.pop(kind, None)
+            if cur is not None:
+                cur.interrupt()
+        return cur is not None
 
-    def sql(self, query: str, params: list | None = None, con=None) -> pa.Table:
-        if con is not None:
-            return self.gateway.sql(query, con=con, params=params)
-        with self.borrow() as cur:
+    def sql(self, query: str, params: list | None = None, kind: str | None = None) -> pa.Table:
+        """The query's result, on a pooled cursor, or on the newest cursor of `kind`."""
+        with self.borrow() if kind is None else self.newest(kind) as cur:
             return self.gateway.sql(query, con=cur, params=params)
 
     def interrupt(self) -> None:
@@ -183,7 +208,7 @@ class TraceData:
         step was asked for)."""
         at = "engine = $engine AND step = $step"
         p = {"engine": self.engine, "step": int(step)}
-        with self.borrow() as cur:
+        with self.newest("detail") as cur:
             def q(query: str) -> pa.Table:
                 return self.gateway.sql(query, con=cur, params=p)
 
@@ -217,7 +242,7 @@ class TraceData:
         t = self.sql("""SELECT req_id, MIN(step) AS step FROM requests
                         WHERE engine = ? AND starts_with(req_id, ?)
                         GROUP BY req_id ORDER BY MIN(step), req_id LIMIT ?""",
-                     [self.engine, prefix, int(limit)])
+                     [self.engine, prefix, int(limit)], kind="search")
         return [(r["req_id"], r["step"]) for r in t.to_pylist()]
 
     def lifeline(self, req_id: str) -> Lifeline:
@@ -238,7 +263,7 @@ class TraceData:
                    COALESCE(source, '') || ')' FROM finish_events WHERE {who}
             UNION ALL
             SELECT step, 4, 'freed (finished_req_ids)', NULL, '' FROM finished WHERE {who}
-            ORDER BY step, o""")
+            ORDER BY step, o""", kind="lifeline")
         out = Lifeline(req_id)
         for r in t.to_pylist():
             prev = out.events[-1] if out.events else None

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import sys
 from pathlib import Path
 
@@ -401,3 +402,72 @@ def test_a_real_worker_marks_an_altered_token_goes_back_and_cancels(demo_trace, 
         assert "divergences so far: 0" in pane.text
 
     run(scenario, tmp_path / "t", worker="vllm", run_checks=False)
+
+
+# a cross join of 10^10 rows: minutes for DuckDB on this box, unless interrupted
+LONG_QUERY = "SELECT SUM(a.range * b.range) AS s FROM range(100000) a, range(100000) b"
+
+
+def test_a_newer_query_of_a_kind_interrupts_the_one_before():
+    import threading
+
+    from vllm_contract.tui.data import Interrupted, TraceData
+
+    data = TraceData(SAMPLES / "mixed")
+    outcome = {}
+
+    def old():
+        t = time.monotonic()
+        try:
+            data.sql(LONG_QUERY, kind="sql")
+            outcome["old"] = "finished"
+        except Interrupted:
+            outcome["old"] = "interrupted"
+        outcome["seconds"] = time.monotonic() - t
+
+    try:
+        th = threading.Thread(target=old)
+        th.start()
+        time.sleep(0.5)
+        assert th.is_alive()
+        # the newer query runs to its end; the older stops
+        assert data.sql("SELECT 42 AS x", kind="sql")["x"][0].as_py() == 42
+        th.join(30)
+        assert outcome["old"] == "interrupted" and outcome["seconds"] < 30
+        # a query of another kind, or a pooled one, is not touched by either
+        th = threading.Thread(target=old)
+        th.start()
+        time.sleep(0.3)
+        assert data.sql("SELECT 1 AS x", kind="detail")["x"][0].as_py() == 1
+        assert th.is_alive()
+        assert data.stop("sql") and not data.stop("sql")
+        th.join(30)
+        assert outcome["old"] == "interrupted"
+        assert data._cursors == data._free  # the kinds' own cursors closed, the pool's kept
+    finally:
+        data.close()
+
+
+def test_escape_interrupts_a_running_sql_query_and_the_prompt_goes_on():
+    async def scenario(app, pilot):
+        await pilot.press("s")
+        app.query_one("#sql-input").value = LONG_QUERY
+        await pilot.press("enter")
+        status = app.query_one("#sql-status")
+        await until(pilot, lambda: "running" in str(status.render()))
+        await asyncio.sleep(0.5)
+        t = time.monotonic()
+        await pilot.press("escape")
+        await until(pilot, lambda: not any(w.group == "sql" and w.is_running
+                                           for w in app.workers), timeout=30)
+        assert time.monotonic() - t < 30
+        assert "cancelled" in str(status.render())
+        assert not app._notifications  # interrupted is not an error
+        await pilot.press("s")
+        app.query_one("#sql-input").value = "SELECT 6 * 7 AS answer"
+        await pilot.press("enter")
+        grid = app.query_one("#sql-result")
+        await until(pilot, lambda: grid.row_count == 1)
+        assert str(grid.get_row_at(0)[0]) == "42"
+
+    run(scenario, SAMPLES / "mixed", run_checks=False)
