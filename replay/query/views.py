@@ -103,7 +103,7 @@ def fingerprint(a: str, b: str, which: int) -> str:
 # as the window does, took 7 of the 17 s that `runs` took at a million steps.
 # run_groups' pass over every listed row, one engine at a time (see per_engine)
 RUN_GROUPS_PASS = """
-    SELECT ANY_VALUE(engine) AS engine, req_id, MIN(step) AS first_step, MAX(step) AS last_step,
+    SELECT {{pick}} AS engine, req_id, MIN(step) AS first_step, MAX(step) AS last_step,
            COUNT(*) AS n,
            COUNT(num_computed_tokens) AS n_computed, COUNT(num_scheduled_tokens) AS n_scheduled,
            SUM(CASE WHEN kind = 'cached' THEN 0 ELSE 1 END) AS uncached,
@@ -115,8 +115,8 @@ RUN_GROUPS_PASS = """
            SUM({fp_start_0}) AS starts_0, SUM({fp_start_1}) AS starts_1,
            SUM({fp_end_0}) AS ends_0, SUM({fp_end_1}) AS ends_1
     FROM scheduled
-    WHERE engine = {{engine}} AND kind IS NOT NULL
-    GROUP BY req_id""".format(
+    WHERE {{only}} AND kind IS NOT NULL
+    GROUP BY {{by}}req_id""".format(
     fp_start_0=fingerprint("step", "num_computed_tokens", 0),
     fp_start_1=fingerprint("step", "num_computed_tokens", 1),
     fp_end_0=fingerprint("step + 1", "num_computed_tokens + num_scheduled_tokens", 0),
@@ -229,12 +229,12 @@ FROM windowed_runs
 # outputs.ids_mismatch fingerprint (step, id) pairs by the number (strings have no portable
 # hash cheap enough for every row; see docs/portable-sql.md). One engine at a time.
 REQ_KEYS_PASS = """
-SELECT ANY_VALUE(engine) AS engine, req_id
+SELECT {pick} AS engine, req_id
 FROM (SELECT engine, req_id FROM scheduled
-      WHERE engine = {engine} AND num_scheduled_tokens IS NOT NULL AND req_id IS NOT NULL
+      WHERE {only} AND num_scheduled_tokens IS NOT NULL AND req_id IS NOT NULL
       UNION ALL
-      SELECT engine, req_id FROM model_outputs WHERE engine = {engine} AND req_id IS NOT NULL) ids
-GROUP BY req_id"""
+      SELECT engine, req_id FROM model_outputs WHERE {only} AND req_id IS NOT NULL) ids
+GROUP BY {by}req_id"""
 
 REQ_KEYS_SQL = """
 CREATE VIEW req_keys AS
@@ -245,14 +245,14 @@ FROM ({ids}) ids
 """
 
 STEP_TOTALS_PASS = """
-SELECT ANY_VALUE(s.engine) AS engine, s.step, COUNT(*) AS n,
+SELECT {{pick}} AS engine, s.step, COUNT(*) AS n,
        SUM(s.num_scheduled_tokens) AS tokens, SUM({fp_id_0}) AS ids_fp_0,
        SUM({fp_id_1}) AS ids_fp_1,
        MAX(s.num_computed_tokens + s.num_scheduled_tokens) AS most_tokens
 FROM scheduled s
 LEFT JOIN req_keys k ON k.engine = s.engine AND k.req_id = s.req_id
-WHERE s.engine = {{engine}} AND s.num_scheduled_tokens IS NOT NULL
-GROUP BY s.step""".format(fp_id_0=fingerprint("s.step", "k.k", 0),
+WHERE {{only}} AND s.num_scheduled_tokens IS NOT NULL
+GROUP BY {{by}}s.step""".format(fp_id_0=fingerprint("s.step", "k.k", 0),
                          fp_id_1=fingerprint("s.step", "k.k", 1))
 
 # The rows that hand out blocks or reset a block table (about one row in fourteen of a decoding
@@ -292,25 +292,43 @@ def quote(s: str) -> str:
     return s.replace("'", "''")
 
 
-def per_engine(select: str, engines: list[str]) -> str:
-    """`select` (with `{engine}` where it filters rows to one engine) once per engine, joined by
-    UNION ALL. A GROUP BY over every row that is keyed by engine and an id or a step took 1.5-2x
-    as long as the same GROUP BY without the engine (0.8 s against 0.4 s at a million steps):
-    DuckDB hashes a single string key once per dictionary entry of the Parquet column, and two
-    keys once per row. Filtered to one engine, each branch reads that engine's files alone (the
-    tables' views give each engine a branch with its name a constant) and groups without it."""
-    literals = [f"'{quote(e)}'" for e in dict.fromkeys(engines)] or ["NULL"]  # NULL: no rows
-    return "\nUNION ALL\n".join(select.format(engine=e) for e in literals)
+# Up to this many engines, the derived views' passes run one engine at a time (per_engine);
+# beyond, one pass groups by engine: each branch of the per-engine form filters every table's
+# view, itself a branch per engine, and planning grew with the square of the engines (64 small
+# engines: over 10 minutes, against 20 s for 20; bench/RESULTS.md).
+PER_ENGINE_UP_TO = 4
 
 
-def derived_sql(engines: list[str]) -> tuple[str, ...]:
+def per_engine(select: str, engines: list[str], col: str = "engine",
+               split: bool | None = None) -> str:
+    """`select` once per engine, joined by UNION ALL, or once for all (`split` False, or more
+    than PER_ENGINE_UP_TO engines). In `select`, `{only}` filters rows to the engine, `{pick}`
+    is the engine column of a group and `{by}` opens the GROUP BY (`col`: the engine column's
+    name there). A GROUP BY over every row that is keyed by engine and an id or a step took
+    1.5-2x as long as the same GROUP BY without the engine (0.8 s against 0.4 s at a million
+    steps): DuckDB hashes a single string key once per dictionary entry of the Parquet column,
+    and two keys once per row. Filtered to one engine, each branch reads that engine's files
+    alone (the tables' views give each engine a branch with its name a constant) and groups
+    without it."""
+    names = list(dict.fromkeys(engines))
+    if split is None:
+        split = len(names) <= PER_ENGINE_UP_TO
+    if not split:
+        return select.format(only="TRUE", pick=col, by=f"{col}, ")
+    literals = [f"'{quote(e)}'" for e in names] or ["NULL"]  # NULL: no rows
+    return "\nUNION ALL\n".join(select.format(only=f"{col} = {e}", pick=f"ANY_VALUE({col})",
+                                               by="") for e in literals)
+
+
+def derived_sql(engines: list[str], split: bool | None = None) -> tuple[str, ...]:
     """The derived views' SQL for a trace of these engines, in creation order (each reads only
-    the ones before it). The catalog reads them, so they are held to its portability rules too
-    (tests transpile them to Spark SQL)."""
-    return (REQ_KEYS_SQL.format(ids=per_engine(REQ_KEYS_PASS, engines)),
-            "CREATE VIEW step_totals AS " + per_engine(STEP_TOTALS_PASS, engines), GRANTS_SQL,
-            DRAFTS_SQL, INSTANCES_SQL, LIFELINE_SQL,
-            RUN_GROUPS_SQL.format(groups=per_engine(RUN_GROUPS_PASS, engines)),
+    the ones before it); `split`: see per_engine. The catalog reads them, so they are held to
+    its portability rules too (tests transpile them to Spark SQL)."""
+    return (REQ_KEYS_SQL.format(ids=per_engine(REQ_KEYS_PASS, engines, split=split)),
+            "CREATE VIEW step_totals AS " + per_engine(STEP_TOTALS_PASS, engines, "s.engine",
+                                                       split),
+            GRANTS_SQL, DRAFTS_SQL, INSTANCES_SQL, LIFELINE_SQL,
+            RUN_GROUPS_SQL.format(groups=per_engine(RUN_GROUPS_PASS, engines, split=split)),
             WINDOWED_RUNS_SQL, RUNS_SQL, RUN_IDS_SQL)
 
 

@@ -24,8 +24,8 @@ def test_catalog_transpiles_to_spark():
     from vllm_contract.replay.query.views import derived_sql
 
     sources = [(inv.path.name, inv.sql) for inv in catalog.load()]
-    sources += [(f"derived view {i}", sql)
-                for i, sql in enumerate(derived_sql(["engine=a-dp0", "engine=o'b-dp1"]))]
+    sources += [(f"derived view {i} ({split=})", sql) for split in (True, False)
+                for i, sql in enumerate(derived_sql(["engine=a-dp0", "engine=o'b-dp1"], split))]
     for name, sql in sources:
         try:
             out = sqlglot.transpile(sql, read="duckdb", write="spark",

@@ -82,10 +82,15 @@ def test_clean_real_engine_run_has_no_errors_or_warnings(cpu_llm, tmp_path):
 
 
 
-def test_engines_in_one_root_are_checked_apart(tiny_model, tmp_path):
+@pytest.mark.parametrize("split", [True, False], ids=["one-engine-at-a-time", "grouped"])
+def test_engines_in_one_root_are_checked_apart(tiny_model, tmp_path, monkeypatch, split):
     """Two engines that ran the same requests (so the same ids) under one root, one of them
     broken in one step, one compacted and one still live: each engine's findings and derived
-    views are what they are for that engine alone (the views group one engine at a time)."""
+    views are what they are for that engine alone, whether the views' passes run one engine at
+    a time or group by engine (as they do beyond views.PER_ENGINE_UP_TO engines)."""
+    from vllm_contract.replay.query import views as view_sql
+
+    monkeypatch.setattr(view_sql, "PER_ENGINE_UP_TO", 2 if split else 1)
     import shutil
 
     def bump(so, step):
