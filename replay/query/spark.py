@@ -43,6 +43,8 @@ DEFAULT_CONF = {
     "spark.sql.session.timeZone": "UTC",
 }
 
+# engine names a file's URI spells as they are (input_file_name() escapes others)
+_PLAIN = re.compile(r"[A-Za-z0-9._-]+")
 _CREATE = re.compile(r"\s*CREATE VIEW (\w+) AS\s", re.IGNORECASE)
 
 
@@ -103,7 +105,7 @@ class SparkGateway:
 
     def __init__(self, trace: Trace | str | Path, spark=None, master: str = "local[2]",
                  conf: dict[str, str] | None = None) -> None:
-        from vllm_contract.replay.query.gateway import Gateway, _problem_row
+        from vllm_contract.replay.query.gateway import Gateway, _problem_row, verified_parquet
 
         self.trace = trace if isinstance(trace, Trace) else open_trace(trace)
         if spark is None:
@@ -118,10 +120,11 @@ class SparkGateway:
         self._frames: list = []  # stored frames, released at close()
         try:
             with reading(self.trace.root):
+                self._verified = verified_parquet(self.trace)
                 for table in schema.TABLE_NAMES:
                     if any(e.segments(table) for e in self.trace.engines):
                         self.present.add(table)
-                    self._register(table, self.trace.read(table))
+                    self._table(table)
             self._register("engines", pa.Table.from_pylist(
                 [Gateway._engine_row(e) for e in self.trace.engines], schema=ENGINES_SCHEMA))
             self._register("dropped", pa.Table.from_pylist([
@@ -131,7 +134,7 @@ class SparkGateway:
             self._register("integrity", pa.Table.from_pylist([
                 _problem_row(e, p) for e in self.trace.engines for p in e.problems],
                 schema=INTEGRITY_SCHEMA))
-            for sql in derived_sql([e.name for e in self.trace.engines]):
+            for sql in derived_sql([e.name for e in self.trace.engines], split=False):
                 m = _CREATE.match(sql)
                 # Every derived view is stored as soon as it is made: over the nested plans of
                 # plain views Spark's planner ran out of heap (computed.progress, on 1.2k rows)
@@ -147,6 +150,49 @@ class SparkGateway:
         except BaseException:
             self.close()
             raise
+
+    def _table(self, table: str) -> None:
+        """A trace table as a view: Parquet segments read by Spark itself, in one read of all
+        engines' files (a read per engine made every query's plan a union as wide as the
+        fleet), each row's engine taken from its file's `engine=NAME` folder; live segments,
+        and a Parquet one that fails verification, through the project's reader (as the DuckDB
+        gateway does)."""
+        from pyspark.sql import functions as F
+
+        verified = self._verified
+        sch = schema.schema(table)
+        spark_schema = self.spark.createDataFrame(sch.empty_table()).schema
+        cols = ["engine", *sch.names]
+        frames, rest, files = [], [], []
+        for e in self.trace.engines:
+            segs = e.segments(table)
+            parquet = [p for p in segs if verified.get(p)]
+            if parquet and not _PLAIN.fullmatch(e.name):
+                # a name a file URI would escape: read apart, its name a constant
+                df = self.spark.read.schema(spark_schema).parquet(*map(str, parquet))
+                frames.append(df.withColumn("engine", F.lit(e.name)).select(*cols))
+            else:
+                files += parquet
+            live = [t for p in segs if p not in parquet
+                    and (t := e.segment(p)) is not None and t.num_rows]
+            if live:
+                t = pa.concat_tables(live)
+                rest.append(t.add_column(0, "engine", pa.array([e.name] * t.num_rows,
+                                                                 pa.string())))
+        if files:
+            df = self.spark.read.schema(spark_schema).parquet(*map(str, files))
+            # the last engine=NAME folder of the path: TRACE/<table>/engine=NAME/ (format 2)
+            # or TRACE/engine=NAME/<table>/ (format 1)
+            engine = F.regexp_extract(F.input_file_name(), r".*/engine=([^/]+)/", 1)
+            frames.append(df.withColumn("engine", engine).select(*cols))
+        if rest or not frames:
+            t = pa.concat_tables(rest) if rest else pa.schema(
+                [pa.field("engine", pa.string()), *sch]).empty_table()
+            frames.append(self.spark.createDataFrame(t).select(*cols))
+        df = frames[0]
+        for other in frames[1:]:
+            df = df.unionByName(other)
+        df.createOrReplaceTempView(table)
 
     def _register(self, name: str, table: pa.Table) -> None:
         # the trace's own Arrow types: Spark infers them from the Arrow schema, rows or none

@@ -1,14 +1,12 @@
-"""The catalog on Spark gives the DuckDB run's findings, byte for byte in JSON, on samples clean
-and broken. Spark's planning and job overhead make a sample cost most of a minute on this box,
-so the suite checks three (a clean one here, two broken ones here and through the CLI) and
-`make spark` checks every sample (VLLM_CONTRACT_SPARK_ALL=1). One local[2] SparkSession serves
-the whole module. pyspark and Java are test requirements: without them these fail and say what
-to install, rather than skip."""
+"""The catalog on Spark gives the DuckDB run's findings, byte for byte in JSON, on every sample,
+clean and broken, and on the traces of the break tests, all gathered into one root (Spark's
+planning and job overhead are paid per run, not per engine), and through the CLI. One local[2]
+SparkSession serves the whole module. pyspark and Java are test requirements: without them these
+fail and say what to install, rather than skip."""
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 
@@ -18,10 +16,12 @@ from typer.testing import CliRunner
 from vllm_contract.cli import app
 from vllm_contract.replay.query import catalog, checker
 from vllm_contract.replay.query.gateway import Gateway
+from vllm_contract.trace import open_trace
+
+import fleetkit
+from checking import patched
 
 SAMPLES = Path(__file__).resolve().parents[2] / "samples"
-NAMES = (sorted(p.name for p in SAMPLES.iterdir() if p.is_dir())
-         if os.environ.get("VLLM_CONTRACT_SPARK_ALL") else ["mixed", "broken-unknown-cached"])
 TEST_CONF = {"spark.sql.shuffle.partitions": "4", "spark.driver.memory": "1g"}
 
 
@@ -44,17 +44,46 @@ def _json(report) -> str:
     return json.dumps([f.to_dict() for f in report.findings], indent=2)
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_sample_findings_are_the_same_on_spark(spark, name):
+def test_every_sample_and_every_trace_checked_before_gives_the_same_findings_on_spark(
+        spark, tiny_model, tmp_path):
+    """One root holds every sample, clean and broken, and every trace the catalog's tests
+    checked before this one in the session (the break tests' traces: real scheduler runs broken
+    after schedule(), and edited recordings), each an engine of its own: one Spark run checks
+    them all (tests/fleetkit.py)."""
     from vllm_contract.replay.query.spark import SparkGateway
 
+    samples = {f"sample-{p.name}": p for p in sorted(SAMPLES.iterdir()) if p.is_dir()}
+    # a name a file URI escapes (Spark reads that engine's files apart) and SQL must quote
+    samples["sample o'mixed"] = samples.pop("sample-mixed")
+    kept = fleetkit.kept()
+    if not kept:  # this module run alone: a break of its own, as the break tests make them
+        def drop_finished(so, step):
+            if so.finished_req_ids and step < 60:
+                rid = sorted(so.finished_req_ids)[0]
+                so.finished_req_ids.discard(rid)
+                return step, rid
+
+        patched(tiny_model, tmp_path / "leak", "preemption", drop_finished)
+        kept = {"leaked-finished-ids": tmp_path / "leak"}
+    root = fleetkit.gather({**samples, **kept}, tmp_path / "fleet")
     invs = catalog.load()
-    with Gateway(SAMPLES / name) as gw:
+    with Gateway(root) as gw:
         duck = checker.run(gw, invs)
-    with SparkGateway(SAMPLES / name, spark=spark) as sg:
+    with SparkGateway(root, spark=spark) as sg:
         on_spark = checker.run(sg, invs)
     assert _json(on_spark) == _json(duck)
     assert on_spark.skipped == duck.skipped and on_spark.ran == duck.ran
+    # the gathering changes nothing: each sample's findings in the fleet are its own, alone
+    sources = {**samples, **kept}.values()
+    assert len(open_trace(root).engines) == sum(len(open_trace(p).engines) for p in sources)
+    assert {n for n in kept if any(f.severity == "error" for f in duck.findings
+                                   if f.engine == n)}, "no break among the traces gathered"
+    for name, path in samples.items():
+        with Gateway(path) as gw:
+            alone = [f.to_dict() for f in checker.run(gw, invs).findings]
+        ours = [dict(f.to_dict(), engine=alone[0]["engine"] if alone else f.engine)
+                for f in duck.findings if f.engine == name]
+        assert ours == alone, name
 
 
 def test_check_cli_on_spark_prints_the_same_json_and_exit_code(spark):
