@@ -352,8 +352,8 @@ class ContractApp(App):
                                         self.worker_kind, self.query_one(DetailPane).unfolded)
         self._remark()
 
-    def on_sql_done(self, msg: m.SqlDone) -> None:
-        self.query_one(SqlPane).show(msg.table, msg.seconds)
+    async def on_sql_done(self, msg: m.SqlDone) -> None:
+        await self.query_one(SqlPane).show(msg.table, msg.seconds)
 
     # -- pane events --------------------------------------------------------------------------
     def on_findings_pane_jump(self, msg: FindingsPane.Jump) -> None:

@@ -1,13 +1,16 @@
-"""A SQL prompt over the trace's views (those of `vllm-contract sql`), results in a table."""
+"""A SQL prompt over the trace's views (those of `vllm-contract sql`), results in a table.
+
+The table is textual-fastdatatable's: it draws from the Arrow result itself, only the rows in
+view, so a result of a million rows is shown whole, where Textual's own DataTable took a Python
+row per line (and was capped at a thousand)."""
 
 from __future__ import annotations
 
 import pyarrow as pa
 from textual.containers import Vertical
 from textual.message import Message
-from textual.widgets import DataTable, Input, Static
-
-SHOWN = 1000  # rows put in the table; the count says how many there were
+from textual.widgets import Input, Static
+from textual_fastdatatable import DataTable
 
 
 class SqlPane(Vertical):
@@ -29,7 +32,13 @@ class SqlPane(Vertical):
         yield Input(placeholder="SELECT … FROM steps | scheduled | lifeline | …  (Enter runs, "
                                 "Esc cancels)", id="sql-input")
         yield Static("views: " + ", ".join(self.views), id="sql-status")
-        yield DataTable(id="sql-result", zebra_stripes=True)
+        yield self._grid(None)
+
+    @staticmethod
+    def _grid(table: pa.Table | None) -> DataTable:
+        # no markup: a value's brackets are text, not styles
+        return DataTable(data=table, id="sql-result", zebra_stripes=True, null_rep="NULL",
+                         render_markup=False)
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         if event.value.strip():
@@ -39,12 +48,8 @@ class SqlPane(Vertical):
     def status(self, text: str) -> None:
         self.query_one("#sql-status", Static).update(text)
 
-    def show(self, table: pa.Table, seconds: float) -> None:
-        grid = self.query_one(DataTable)
-        grid.clear(columns=True)
-        grid.add_columns(*table.column_names)
-        for row in table.slice(0, SHOWN).to_pylist():
-            grid.add_row(*("NULL" if v is None else str(v)[:200] for v in row.values()))
-        more = f", showing {SHOWN}" if table.num_rows > SHOWN else ""
-        self.status(f"{table.num_rows} row{'s' * (table.num_rows != 1)}{more} "
-                    f"in {seconds:.2f} s")
+    async def show(self, table: pa.Table, seconds: float) -> None:
+        # a fastdatatable takes its data once: a new result is a new table
+        await self.query_one(DataTable).remove()
+        await self.mount(self._grid(table))
+        self.status(f"{table.num_rows} row{'s' * (table.num_rows != 1)} in {seconds:.2f} s")
