@@ -43,6 +43,8 @@ DEFAULT_CONF = {
     "spark.sql.session.timeZone": "UTC",
 }
 
+_QUOTED_MEMBER = re.compile(r"""GET_JSON_OBJECT\(([^,()]+), '\$\."' \|\| (.+?) \|\| '"'\)""")
+SPARK_MEMBER = r"GET_JSON_OBJECT(\1, '$[''' || \2 || ''']')"
 # engine names a file's URI spells as they are (input_file_name() escapes others)
 _PLAIN = re.compile(r"[A-Za-z0-9._-]+")
 _CREATE = re.compile(r"\s*CREATE VIEW (\w+) AS\s", re.IGNORECASE)
@@ -92,10 +94,13 @@ def transpile(sql: str) -> str:
     from sqlglot.errors import ErrorLevel
 
     try:
-        return sqlglot.transpile(sql, read="duckdb", write="spark",
-                                 unsupported_level=ErrorLevel.RAISE)[0]
+        out = sqlglot.transpile(sql, read="duckdb", write="spark",
+                                unsupported_level=ErrorLevel.RAISE)[0]
     except sqlglot.errors.SqlglotError as e:
         raise TraceError(f"cannot transpile to Spark SQL: {_one_line(e)}") from None
+    # A JSON member by a computed key, DuckDB's `'$."' || k || '"'`, is NULL on Spark, whose
+    # paths quote a member as $['k'] (docs/portable-sql.md); sqlglot keeps the path as written
+    return _QUOTED_MEMBER.sub(SPARK_MEMBER, out)
 
 
 class SparkGateway:

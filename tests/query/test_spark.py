@@ -118,3 +118,15 @@ def test_ids_fingerprints_are_step_totals():
 
     sql = next(i.sql for i in catalog.load() if i.id == "outputs.ids_mismatch")
     assert fingerprint("m.step", "k.k", 0) in sql and fingerprint("m.step", "k.k", 1) in sql
+
+
+def test_json_members_by_a_computed_key_are_spark_brackets():
+    """DuckDB's `$."k"` path is NULL on Spark (found by the fleet test on outputs.index_mismatch,
+    whose request ids hold dashes): transpiled, it is Spark's `$['k']`."""
+    from vllm_contract.replay.query.spark import transpile
+
+    sql = next(i.sql for i in catalog.load() if i.id == "outputs.index_mismatch")
+    assert "'$.\"' || t.k" in sql
+    out = transpile(sql)
+    assert "GET_JSON_OBJECT(m.value_json, '$[''' || t.k || ''']')" in out
+    assert '$."' not in out
