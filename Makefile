@@ -37,9 +37,9 @@ bench: $(STAMP)
 fuzz: $(STAMP)
 	$(PY) bench/fuzz_reader.py --cases $${FUZZ_CASES:-1000}
 
-# The catalog on Spark against DuckDB on every sample (the suite adds the break tests' traces).
+# The catalog on Spark against DuckDB on every sample and every trace the catalog's tests check.
 spark: $(STAMP)
-	$(PY) -m pytest -q tests/query/test_spark.py
+	VLLM_CONTRACT_SPARK_FLEET=1 $(PY) -m pytest -q tests/query tests/cli
 
 samples: $(STAMP)
 	$(PY) samples/regenerate.py
