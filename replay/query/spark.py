@@ -193,7 +193,7 @@ class SparkGateway:
         if rest or not frames:
             t = pa.concat_tables(rest) if rest else pa.schema(
                 [pa.field("engine", pa.string()), *sch]).empty_table()
-            frames.append(self.spark.createDataFrame(t).select(*cols))
+            frames.append(arrow_frame(self.spark, t).select(*cols))
         df = frames[0]
         for other in frames[1:]:
             df = df.unionByName(other)
@@ -201,7 +201,7 @@ class SparkGateway:
 
     def _register(self, name: str, table: pa.Table) -> None:
         # the trace's own Arrow types: Spark infers them from the Arrow schema, rows or none
-        self.spark.createDataFrame(table).createOrReplaceTempView(name)
+        arrow_frame(self.spark, table).createOrReplaceTempView(name)
 
     def _store(self, name: str, df) -> None:
         # localCheckpoint cuts the plan, so a view reading this one plans over a scan of it
@@ -247,6 +247,17 @@ class SparkGateway:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def arrow_frame(spark, table: pa.Table):
+    """`table` as a Spark DataFrame, every row of it. PySpark's createDataFrame stops at the
+    first record batch without rows and drops every batch after it, silently; the recorder
+    writes such batches (a flush with no step commits an empty `steps` batch), and the tables
+    of many engines are handed over as one. Empty batches are left out first."""
+    batches = [b for b in table.to_batches() if b.num_rows]
+    whole = pa.Table.from_batches(batches, schema=table.schema) if batches \
+        else table.schema.empty_table()
+    return spark.createDataFrame(whole)
 
 
 def _one_line(e: BaseException) -> str:
