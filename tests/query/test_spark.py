@@ -1,17 +1,16 @@
 """The catalog on Spark gives the DuckDB run's findings, byte for byte in JSON, on every sample,
 clean and broken, and a recorded break, all gathered into one root (Spark's planning and job
-overhead are paid per run, not per engine), and through the CLI. `make spark` adds every trace
-the catalog's tests check (VLLM_CONTRACT_SPARK_FLEET=1). One local[2]
-SparkSession serves the whole module. pyspark and Java are test requirements: without them these
+overhead are paid per run, not per engine), with every trace the catalog's tests checked before,
+and through the CLI. One local[2] SparkSession serves the whole module. pyspark and Java are test requirements: without them these
 fail and say what to install, rather than skip."""
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 from typer.testing import CliRunner
 
@@ -57,10 +56,7 @@ def test_every_sample_and_every_trace_checked_before_gives_the_same_findings_on_
     samples = {f"sample-{p.name}": p for p in sorted(SAMPLES.iterdir()) if p.is_dir()}
     # a name a file URI escapes (Spark reads that engine's files apart) and SQL must quote
     samples["sample o'mixed"] = samples.pop("sample-mixed")
-    # The break tests' traces only with `make spark` (VLLM_CONTRACT_SPARK_FLEET=1): on one of
-    # them (computed.progress, two batches in flight) Spark's findings differ from DuckDB's in
-    # some runs and not others, an open bug; the suite keeps to what is the same every run.
-    kept = fleetkit.kept() if os.environ.get("VLLM_CONTRACT_SPARK_FLEET") else {}
+    kept = fleetkit.kept()
     if not kept:  # a break of its own, as the break tests make them
         def drop_finished(so, step):
             if so.finished_req_ids and step < 60:
@@ -89,6 +85,24 @@ def test_every_sample_and_every_trace_checked_before_gives_the_same_findings_on_
         ours = [dict(f.to_dict(), engine=alone[0]["engine"] if alone else f.engine)
                 for f in duck.findings if f.engine == name]
         assert ours == alone, name
+
+
+def test_a_table_with_an_empty_batch_reaches_spark_whole(spark):
+    """PySpark's createDataFrame drops every record batch after one without rows, silently; the
+    recorder writes such batches (a flush without a step commits an empty `steps` batch), and
+    one engine's did, in the middle of a fleet's `steps`: Spark lost the later engines' steps
+    and computed.progress flagged every rejected draft of a trace among them."""
+    from vllm_contract.replay.query.spark import arrow_frame
+
+    (e,) = open_trace(SAMPLES / "mixed").engines
+    steps = e.read("steps")
+    cut = pa.concat_tables([steps.slice(0, 5), steps.slice(5, 0), steps.slice(5)])
+    assert [b.num_rows for b in cut.to_batches()][:2] == [5, 0], "no empty batch to hand over"
+    df = arrow_frame(spark, cut)
+    assert df.count() == steps.num_rows
+    assert sorted(r["step"] for r in df.select("step").collect()) == \
+        sorted(steps.column("step").to_pylist())
+    assert arrow_frame(spark, steps.slice(0, 0)).count() == 0
 
 
 def test_check_cli_on_spark_prints_the_same_json_and_exit_code(spark):
