@@ -39,7 +39,7 @@ fuzz: $(STAMP)
 
 # The catalog on Spark against DuckDB on every sample and every trace the catalog's tests check.
 spark: $(STAMP)
-	VLLM_CONTRACT_SPARK_FLEET=1 $(PY) -m pytest -q tests/query tests/cli
+	$(PY) -m pytest -q tests/query tests/cli
 
 samples: $(STAMP)
 	$(PY) samples/regenerate.py

@@ -46,10 +46,7 @@ def _copy_engine(home: Path, root: Path, name: str) -> None:
 
 
 def keep(path: Path) -> None:
-    """Keep a copy of the single-engine trace at `path`, named after the running test; only
-    for `make spark` (VLLM_CONTRACT_SPARK_FLEET=1), the one reader of what is kept."""
-    if not os.environ.get("VLLM_CONTRACT_SPARK_FLEET"):
-        return
+    """Keep a copy of the single-engine trace at `path`, named after the running test."""
     if not _HOME:
         _HOME.append(Path(tempfile.mkdtemp(prefix="vllm-contract-kept-")))
         atexit.register(shutil.rmtree, _HOME[0], True)
