@@ -48,17 +48,18 @@ def pick_engine(trace, engine: str | None):
     return engines[engine]
 
 
-def _ranges(steps: list[int]) -> str:
-    out, lo, prev = [], None, None
-    for s in steps:
-        if prev is not None and s == prev + 1:
-            prev = s
+def step_ranges(steps: list[int]) -> str:
+    """Steps as runs, e.g. "3-5, 9"."""
+    out, run = [], []
+    for s in sorted(set(steps)):
+        if run and s == run[-1] + 1:
+            run.append(s)
             continue
-        if lo is not None:
-            out.append(f"{lo}-{prev}" if prev != lo else str(lo))
-        lo = prev = s
-    if lo is not None:
-        out.append(f"{lo}-{prev}" if prev != lo else str(lo))
+        if run:
+            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+        run = [s]
+    if run:
+        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
     return ", ".join(out)
 
 
@@ -185,7 +186,7 @@ def plan(engine, model: str | None = None, start: int | None = None,
     if gaps:
         after = [s for s in starts if s > gaps[-1]]
         hint = (f"replay --until {gaps[0] - 1}" + (f" or --from {after[0]}" if after else ""))
-        raise TraceError(f"steps {_ranges(gaps)} are absent from the trace and a real worker "
+        raise TraceError(f"steps {step_ranges(gaps)} are absent from the trace and a real worker "
                          f"cannot skip steps: {hint}")
     blocks = max(int(e.get("num_kv_blocks") or 0), _max_block(engine) + 1, 1)
     par = e.get("parallel") or {}

@@ -23,6 +23,7 @@ from typing import Any, Iterator
 from vllm_contract.fields import WITH_COLUMN
 from vllm_contract.plain import DICT_TAG, is_opaque
 from vllm_contract.replay.worker import canonical
+from vllm_contract.replay.worker.plan import step_ranges
 
 CONTRACT = ("SchedulerOutput", "NewRequestData", "CachedRequestData")
 # Per-request dicts of a SchedulerOutput: the trace keeps their entries, not their order.
@@ -53,20 +54,6 @@ class Notes:
         return out
 
 
-def _ranges(steps: list[int]) -> str:
-    out, run = [], []
-    for s in sorted(set(steps)):
-        if run and s == run[-1] + 1:
-            run.append(s)
-            continue
-        if run:
-            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
-        run = [s]
-    if run:
-        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
-    return ", ".join(out)
-
-
 def trace_notes(engine) -> list[str]:
     """What the trace as a whole cannot give back (vLLM-free: read from the manifest and the
     quarantine table)."""
@@ -75,11 +62,11 @@ def trace_notes(engine) -> list[str]:
     dropped = [s for a, b in m.get("dropped_steps") or () for s in range(a, b + 1)]
     if dropped:
         out.append(f"steps absent from the trace (dropped or pruned while recording): "
-                   f"{_ranges(dropped)}; not rebuilt")
+                   f"{step_ranges(dropped)}; not rebuilt")
     bad = [r["step"] for r in engine.read("malformed_steps", ["step", "stage"]).to_pylist()
            if r["stage"] != "update"]
     if bad:
-        out.append(f"steps quarantined as malformed (table malformed_steps): {_ranges(bad)}; "
+        out.append(f"steps quarantined as malformed (table malformed_steps): {step_ranges(bad)}; "
                    "not rebuilt")
     if m.get("redacted_prompts"):
         out.append("prompts were redacted: NewRequestData.prompt_token_ids and "

@@ -197,3 +197,18 @@ def test_opaque_and_unknown_values_become_none_with_a_note(tmp_path):
         assert line in rebuilt.notes
     assert any(n.startswith("SamplingParams.n: not in the trace: left at the installed "
                             "default (1)") for n in rebuilt.notes)
+
+
+def test_steps_a_trace_cannot_give_back_are_named_as_runs(tmp_path):
+    """Dropped and quarantined steps are named in runs of consecutive steps (vLLM-free)."""
+    from vllm_contract.replay.worker.rebuild import trace_notes
+
+    tinytrace.write(tmp_path, {
+        "steps": tinytrace.steps(12),
+        "malformed_steps": [{"step": s, "stage": "schedule", "error": "bad", "plain_json": "{}"}
+                            for s in (11, 9, 10, 9)]
+        + [{"step": 2, "stage": "update", "error": "bad", "plain_json": "{}"}],
+    }, dropped_steps=[[3, 5], [7, 7]])
+    notes = trace_notes(open_trace(tmp_path).engines[0])
+    assert notes[0].endswith("(dropped or pruned while recording): 3-5, 7; not rebuilt")
+    assert notes[1].endswith("(table malformed_steps): 9-11; not rebuilt")
