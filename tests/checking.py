@@ -9,6 +9,7 @@ real). "edit": a clean recorded trace is compacted and one table or the manifest
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pyarrow as pa
@@ -72,6 +73,27 @@ def edit(path: Path, table: str, fn) -> None:
         p.unlink()
     pq.write_table(pa.Table.from_pylist(rows, schema=schema.schema(table)),
                    schema.table_dir(e.dir, table) / "000000.parquet")
+
+
+def alter_one_token(src: Path, dst: Path) -> tuple[int, str, list[int], list[int]]:
+    """A copy of the trace at `src` in `dst` with one recorded token changed (an edit, named as
+    such): the first token of the middle model output that has any. Returns (step, req_id,
+    the recorded tokens, the altered ones)."""
+    shutil.copytree(src, dst)
+    (e,) = open_trace(dst).engines
+    rows = [r for r in e.read("model_outputs").to_pylist() if r["sampled_token_ids"]]
+    target = rows[len(rows) // 2]
+    step, rid, orig = target["step"], target["req_id"], target["sampled_token_ids"]
+    altered = [(orig[0] + 1) % 512]
+
+    def change(rows):
+        for r in rows:
+            if r["step"] == step and r["req_id"] == rid:
+                r["sampled_token_ids"] = altered
+        return rows
+
+    edit(dst, "model_outputs", change)
+    return step, rid, orig, altered
 
 
 def edit_manifest(path: Path, **changes) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import live_child
-from checking import edit, edit_manifest
+from checking import alter_one_token, edit, edit_manifest
 from readerkit import assert_clean_failure, copy_engine, engine_dir, invoke
 from vllm_contract.recorder import attach
 from vllm_contract.replay.session import Session
@@ -155,22 +155,7 @@ def test_forced_tokens_hold_the_recorded_context(sampled, replay_llm):
 
 def test_altered_token_is_the_first_divergence(demo, replay_llm, tmp_path):
     """A copy of the demo trace with one recorded token changed (an edit, named as such)."""
-    import shutil
-
-    shutil.copytree(demo[0], tmp_path / "t")
-    rows = [r for r in _engine(tmp_path / "t").read("model_outputs").to_pylist()
-            if r["sampled_token_ids"]]
-    target = rows[len(rows) // 2]
-    step, rid, orig = target["step"], target["req_id"], target["sampled_token_ids"]
-    altered = [(orig[0] + 1) % 512]
-
-    def change(rows):
-        for r in rows:
-            if r["step"] == step and r["req_id"] == rid:
-                r["sampled_token_ids"] = altered
-        return rows
-
-    edit(tmp_path / "t", "model_outputs", change)
+    step, rid, orig, altered = alter_one_token(demo[0], tmp_path / "t")
     w, _ = _replay(tmp_path / "t", replay_llm)
     assert [dataclasses.astuple(d) for d in w.divergences] == [(step, rid, altered, orig)]
     # forced: the worker takes the altered token, so its context from then on is the recorded

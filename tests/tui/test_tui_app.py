@@ -362,23 +362,9 @@ def test_a_real_worker_that_cannot_start_shows_vllms_error_and_the_app_stays_usa
 def test_a_real_worker_marks_an_altered_token_goes_back_and_cancels(demo_trace, tmp_path):
     """The demo's recording with one recorded token changed (an edit, named as such): the real
     worker replays the original token there, which the pane marks as a divergence."""
-    import shutil
+    from checking import alter_one_token
 
-    from checking import edit
-
-    shutil.copytree(demo_trace, tmp_path / "t")
-    rows = [r for r in table(tmp_path / "t", "model_outputs") if r["sampled_token_ids"]]
-    target = rows[len(rows) // 2]
-    step, rid, orig = target["step"], target["req_id"], target["sampled_token_ids"]
-    altered = [(orig[0] + 1) % 512]
-
-    def change(rows):
-        for r in rows:
-            if r["step"] == step and r["req_id"] == rid:
-                r["sampled_token_ids"] = altered
-        return rows
-
-    edit(tmp_path / "t", "model_outputs", change)
+    step, rid, orig, altered = alter_one_token(demo_trace, tmp_path / "t")
     steps = sorted({r["step"] for r in table(tmp_path / "t", "steps")})
     recorded = {r["req_id"]: r["sampled_token_ids"]
                 for r in table(tmp_path / "t", "model_outputs") if r["step"] == step}
