@@ -122,6 +122,7 @@ class SparkGateway:
         self.spark = spark
         self.present: set[str] = set()
         self._materialized: set[str] = set()
+        self._derived: dict[str, str] = {}  # name -> SQL of the derived views, in order
         self._frames: list = []  # stored frames, released at close()
         try:
             with reading(self.trace.root):
@@ -139,12 +140,13 @@ class SparkGateway:
             self._register("integrity", pa.Table.from_pylist([
                 _problem_row(e, p) for e in self.trace.engines for p in e.problems],
                 schema=INTEGRITY_SCHEMA))
+            # Every derived view is stored when it is made: over the nested plans of plain
+            # views Spark's planner ran out of heap (computed.progress, on 1.2k rows). They are
+            # made when a query first reads them (`_ensure`), so a run of a few checks pays for
+            # the views those read alone.
             for sql in derived_sql([e.name for e in self.trace.engines], split=False):
                 m = _CREATE.match(sql)
-                # Every derived view is stored as soon as it is made: over the nested plans of
-                # plain views Spark's planner ran out of heap (computed.progress, on 1.2k rows)
-                self._store(m.group(1), self.spark.sql(transpile(sql[m.end():])))
-                self._materialized.add(m.group(1))
+                self._derived[m.group(1)] = sql[m.end():]
         except TraceError:
             self.close()
             raise
@@ -221,11 +223,35 @@ class SparkGateway:
         return view in self._materialized
 
     def materialize(self, view: str) -> None:
-        """Every derived view is stored when the gateway is made."""
+        """Store `view` (a derived view) and the derived views it reads, if not yet stored."""
+        self._ensure(view)
+
+    def _ensure(self, text: str) -> None:
+        """Store every derived view that `text` names, and those they read, in creation order
+        (each reads only views before it). A name in a comment or a column's name costs a view
+        stored early, never a wrong row."""
+        wanted, todo = set(), [text]
+        while todo:
+            t = todo.pop()
+            for name, body in self._derived.items():
+                if name not in wanted and re.search(rf"\b{name}\b", t):
+                    wanted.add(name)
+                    todo.append(body)
+        for name, body in self._derived.items():
+            if name in wanted and name not in self._materialized:
+                try:
+                    self._store(name, self.spark.sql(transpile(body)))
+                except TraceError:
+                    raise
+                except Exception as e:  # noqa: BLE001 - Spark's errors come from py4j
+                    raise TraceError(f"cannot create the view {name} on Spark: "
+                                     f"{_one_line(e)}") from None
+                self._materialized.add(name)
 
     def sql(self, query: str) -> pa.Table:
         """`query` (DuckDB SQL, transpiled) run on Spark, as Arrow."""
         spark_sql = transpile(query)
+        self._ensure(query)
         try:
             return self.spark.sql(spark_sql).toArrow()
         except Exception as e:  # noqa: BLE001 - Spark's errors come from py4j and pyspark

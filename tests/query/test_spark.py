@@ -107,14 +107,32 @@ def test_a_table_with_an_empty_batch_reaches_spark_whole(spark):
 
 def test_check_cli_on_spark_prints_the_same_json_and_exit_code(spark):
     """`check --sql-engine spark` uses the session already running in the process and leaves
-    it running."""
+    it running. Two checks: the whole catalog's findings are the fleet test's."""
     trace = str(SAMPLES / "broken-leak")
-    duck = CliRunner().invoke(app, ["check", trace, "-f", "json"])
-    on_spark = CliRunner().invoke(app, ["check", trace, "-f", "json", "--sql-engine", "spark",
-                                        "--spark-conf", "spark.sql.shuffle.partitions=4"])
+    only = ["--only", "finished.leaked", "--only", "lifecycle.abandoned"]
+    duck = CliRunner().invoke(app, ["check", trace, "-f", "json", *only])
+    on_spark = CliRunner().invoke(app, ["check", trace, "-f", "json", *only, "--sql-engine",
+                                        "spark", "--spark-conf", "spark.sql.shuffle.partitions=4"])
     assert (on_spark.exit_code, on_spark.stdout) == (duck.exit_code, duck.stdout)
     assert duck.exit_code == 1 and json.loads(duck.stdout)
     assert spark.sparkContext._jsc is not None  # not stopped by the command
+
+
+def test_derived_views_are_stored_when_a_query_first_reads_them(spark):
+    """A query of the tables stores no derived view; one of run_ids stores it and the views
+    it reads, and nothing else; the rows are DuckDB's."""
+    from vllm_contract.replay.query.spark import SparkGateway
+
+    q = "SELECT engine, req_id, intro_step FROM run_ids ORDER BY intro_step, req_id"
+    with SparkGateway(SAMPLES / "broken-leak", spark=spark) as sg:
+        assert sg.sql("SELECT COUNT(*) AS n FROM steps").column("n")[0].as_py() > 0
+        assert not [v for v in sg.views if sg.is_materialized(v)]
+        on_spark = sg.sql(q).to_pylist()
+        stored = {v for v in sg.views if sg.is_materialized(v)}
+    assert {"run_ids", "windowed_runs", "run_groups", "instances"} <= stored
+    assert not stored & {"lifeline", "grants", "step_totals", "req_keys"}
+    with Gateway(SAMPLES / "broken-leak") as gw:
+        assert on_spark == gw.sql(q).to_pylist()
 
 
 def test_spark_without_java_is_one_line_exit_2(tmp_path):
