@@ -29,7 +29,7 @@ def templates(tmp_path_factory) -> dict[tuple[str, str], Path]:
     return out
 
 
-@settings(max_examples=80, derandomize=True, deadline=None, database=None,
+@settings(max_examples=40, derandomize=True, deadline=None, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(sample=st.sampled_from(SAMPLES), form=st.sampled_from(["parquet", "streams"]),
        kinds=st.lists(st.sampled_from(rk.MUTATIONS), min_size=1, max_size=2),
