@@ -106,10 +106,13 @@ def transpile(sql: str) -> str:
 class SparkGateway:
     """One trace's tables and derived views as temporary views of a SparkSession, with the
     parts of Gateway's face that the checker uses. `spark`: a session to use (and leave open);
-    without one, a session is started from `master` and `conf` and stopped at close()."""
+    without one, a session is started from `master` and `conf` and stopped at close().
+    `spark_reads`: whether Spark reads the Parquet segments itself (True) or they travel from
+    this process through the reader (False); by default Spark reads them unless the trace is a
+    remote one's local mirror and the master is not local (its executors cannot see it)."""
 
     def __init__(self, trace: Trace | str | Path, spark=None, master: str = "local[2]",
-                 conf: dict[str, str] | None = None) -> None:
+                 conf: dict[str, str] | None = None, spark_reads: bool | None = None) -> None:
         from vllm_contract.replay.query.gateway import Gateway, _problem_row, verified_parquet
 
         self.trace = trace if isinstance(trace, Trace) else open_trace(trace)
@@ -124,6 +127,11 @@ class SparkGateway:
         self._materialized: set[str] = set()
         self._derived: dict[str, str] = {}  # name -> SQL of the derived views, in order
         self._frames: list = []  # stored frames, released at close()
+        # A remote trace is mirrored in a private folder of this process, which a cluster's
+        # executors cannot see: its files travel from here, as live segments do.
+        # `spark_reads` True or False says whether Spark reads the Parquet files itself.
+        self._ship = (bool(self.trace.source) and not _is_local(spark.sparkContext.master)
+                      if spark_reads is None else not spark_reads)
         try:
             with reading(self.trace.root):
                 self._verified = verified_parquet(self.trace)
@@ -173,7 +181,7 @@ class SparkGateway:
         frames, rest, files = [], [], []
         for e in self.trace.engines:
             segs = e.segments(table)
-            parquet = [p for p in segs if verified.get(p)]
+            parquet = [] if self._ship else [p for p in segs if verified.get(p)]
             if parquet and not _PLAIN.fullmatch(e.name):
                 # a name a file URI would escape: read apart, its name a constant
                 df = self.spark.read.schema(spark_schema).parquet(*map(str, parquet))
@@ -273,6 +281,12 @@ class SparkGateway:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _is_local(master: str) -> bool:
+    """Whether a Spark master URL runs everything in this machine's one JVM (local, local[N],
+    local[*], local[N,F]), whose executors see this process's files."""
+    return master == "local" or master.startswith("local[")
 
 
 def arrow_frame(spark, table: pa.Table):

@@ -80,6 +80,17 @@ def test_info_check_and_sql_read_a_remote_trace_as_the_local_one(s3):
     assert t.source == url and t.read("steps") == open_trace(local).read("steps")
 
 
+def test_check_on_spark_reads_a_remote_trace_as_the_local_one(s3):
+    """`check s3://… --sql-engine spark`: Spark (local[2]) reads the trace's local mirror."""
+    local = SAMPLES / "broken-leak"
+    url = f"{s3}/spark/broken-leak"
+    remote.push(local, url)
+    only = ["--only", "finished.leaked", "--only", "computed.progress"]
+    on_spark = _json("check", url, "-f", "json", "--sql-engine", "spark", *only)
+    assert on_spark == _json("check", local, "-f", "json", *only)
+    assert [f["invariant"] for f in on_spark] == ["finished.leaked"]
+
+
 def test_compact_writes_parquet_back_to_the_bucket(s3, tiny_model, tmp_path):
     scenarios.run("preemption", tiny_model, tmp_path / "t")
     url = f"{s3}/live/preemption"

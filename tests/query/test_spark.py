@@ -135,6 +135,30 @@ def test_derived_views_are_stored_when_a_query_first_reads_them(spark):
         assert on_spark == gw.sql(q).to_pylist()
 
 
+def test_parquet_read_by_spark_or_sent_from_the_reader_gives_the_same_rows(spark):
+    """The two ways a table reaches Spark (Spark reading the Parquet files itself, or the
+    reader's Arrow sent from the driver, as for a remote trace on a cluster) give the same rows
+    of every table."""
+    from vllm_contract import schema
+    from vllm_contract.replay.query.spark import SparkGateway
+
+    rows = {}
+    for reads in (True, False):
+        with SparkGateway(SAMPLES / "spec-decode", spark=spark, spark_reads=reads) as sg:
+            rows[reads] = {t: sorted(map(repr, sg.sql(f"SELECT * FROM {t}").to_pylist()))
+                           for t in schema.TABLE_NAMES}
+    assert sum(map(len, rows[True].values())) > 0
+    assert rows[True] == rows[False]
+
+
+def test_only_local_masters_read_a_mirrored_remote_trace_in_place():
+    from vllm_contract.replay.query.spark import _is_local
+
+    assert all(map(_is_local, ["local", "local[2]", "local[*]", "local[4,2]"]))
+    assert not any(map(_is_local, ["spark://h:7077", "yarn", "k8s://https://h",
+                                   "local-cluster[2,1,1024]"]))
+
+
 def test_spark_without_java_is_one_line_exit_2(tmp_path):
     result = CliRunner(env={"PATH": str(tmp_path), "JAVA_HOME": ""}).invoke(
         app, ["check", str(SAMPLES / "mixed"), "--sql-engine", "spark"])
