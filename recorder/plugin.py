@@ -118,6 +118,11 @@ def _hook_shutdown(engine: Any, armed: Any) -> None:
             armed.shutdown()
         except Exception as e:
             log.error("vllm-contract: closing the trace failed: %s: %s", type(e).__name__, e)
+        try:
+            _close_server_after(armed)
+        except Exception as e:
+            log.error("vllm-contract: closing the control socket failed: %s: %s",
+                      type(e).__name__, e)
         return original(*args, **kwargs)
 
     engine.shutdown = shutdown
@@ -138,6 +143,21 @@ def ensure_server():
             _server_failed = True
             log.error("vllm-contract: attach disabled for this process: %s", e)
         return _server
+
+
+def _close_server_after(armed: Any) -> None:
+    """The engine of `armed` is shutting down: with no other engine armed in this process, the
+    control socket goes now, before the executor's teardown. vLLM gives an engine core process
+    a few seconds after SIGTERM before it kills it, and a killed process leaves its socket."""
+    global _server
+    from vllm_contract.recorder.armed import armed_engines
+
+    armed.shut_down = True
+    with _lock:
+        if _server is not None and not [e for e in armed_engines()
+                                         if not getattr(e, "shut_down", False)]:
+            _server.close()
+            _server = None  # an engine made later in this process serves a new one
 
 
 def _at_exit() -> None:
