@@ -191,3 +191,16 @@ def validate(manifest: dict, path: Path | str = "manifest") -> None:
                 check(manifest[key], key)
     except _Bad as e:
         raise TraceError(f"{path}: manifest key {e}") from None
+
+
+def mid_stream_note(m: dict) -> str | None:
+    """The one line every command gives a trace begun on a running engine (None otherwise)."""
+    if not m.get("attached_mid_stream"):
+        return None
+    state = m.get("worker_state_at_start") or {}
+    held, owed = state.get("requests"), state.get("finished_ids")
+    what = ("" if held is None or owed is None else
+            f" whose worker already held {held} request(s) and was owed {owed} finished id(s)")
+    return (f"the recording began mid-stream, attached to a running engine{what}: what they "
+            "did before the first recorded step is not in the trace, and no check or worker "
+            "finding blames the scheduler for it")

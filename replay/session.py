@@ -23,6 +23,7 @@ from typing import Callable
 from vllm_contract import schema
 from vllm_contract.errors import TraceError
 from vllm_contract.findings import Finding
+from vllm_contract.manifest import mid_stream_note
 from vllm_contract.replay.worker.shadow import ShadowWorker
 from vllm_contract.trace import Trace, open_trace
 
@@ -94,8 +95,12 @@ class Session:
 
     @property
     def notes(self) -> list[str]:
-        """What a real worker's replay cannot compare or reproduce (empty for the shadow)."""
-        return list(getattr(self.worker, "notes", []))
+        """What the replay cannot compare or reproduce: a trace begun mid-stream; for a real
+        worker, requests not compared and warm-ups."""
+        if self.kind == "vllm":
+            return list(self.worker.notes)
+        note = mid_stream_note(self.worker.manifest)
+        return [note] if note else []
 
     def _settle(self) -> None:
         if self.worker.done:

@@ -21,6 +21,7 @@ import pyarrow.compute as pc
 
 from vllm_contract import schema
 from vllm_contract.errors import TraceError
+from vllm_contract.manifest import mid_stream_note
 
 
 @dataclass
@@ -179,7 +180,9 @@ def plan(engine, model: str | None = None, start: int | None = None,
                if m.get("attached_mid_stream") and chosen[0] == steps[0]
                else f"step {chosen[0]} schedules requests introduced before it")
         hint = (f"a replay could start from step {later[0]} (--from {later[0]})" if later
-                else "no step of this trace can start a replay")
+                else "no step of this trace can start a replay: replay it with --worker "
+                     "shadow (which takes requests held before the first step as given), or "
+                     "record from the engine's start or while it is idle")
         raise TraceError(f"a fresh worker cannot start at step {chosen[0]}: {why}, so it would "
                          f"meet requests it never saw; {hint}")
     gaps = [s for s in range(chosen[0], chosen[-1] + 1) if s not in set(chosen)]
@@ -206,18 +209,8 @@ def plan(engine, model: str | None = None, start: int | None = None,
     for key in ("tensor_parallel_size", "pipeline_parallel_size"):
         if (par.get(key) or 1) > 1:
             options[key] = par[key]
-    notes = []
+    notes = [n for n in [mid_stream_note(m)] if n]
     comparable = _comparable(engine)
-    if chosen[0] != steps[0] or m.get("attached_mid_stream"):
-        # prefix-cache hits on blocks computed before the start: the fresh worker's KV for them
-        # is whatever the blocks hold, so those requests' tokens may differ
-        for r in engine.read("scheduled", ["step", "req_id", "kind",
-                                           "num_computed_tokens"]).to_pylist():
-            if (r["kind"] == "new" and (r["num_computed_tokens"] or 0) > 0
-                    and r["step"] >= chosen[0] and r["req_id"] not in comparable):
-                comparable[r["req_id"]] = (f"starts from {r['num_computed_tokens']} prefix-cached "
-                                           f"tokens computed before step {chosen[0]}, where the "
-                                           "replay begins")
     flight = most_in_flight(engine)
     if flight > 1:
         notes.append(f"recorded with up to {flight} batches in flight (async scheduling or a "

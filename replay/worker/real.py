@@ -23,6 +23,7 @@ from typing import Any, Callable
 from vllm_contract.errors import TraceError
 from vllm_contract.findings import Finding
 from vllm_contract.replay.worker.plan import Plan
+from vllm_contract.replay.worker.warmup import Ledger, warmup_steps, why_not
 
 # shadow findings at which vLLM's worker raises (or indexes out of its batch) rather than
 # computing something wrong: a replay stops before them unless allowed to crash
@@ -163,6 +164,8 @@ class RealWorker:
             check_llm(llm, plan)
         core = _engine_core(self.llm)
         self.executor = core.model_executor
+        self.block_size = int(core.vllm_config.cache_config.block_size)
+        self.budget = int(core.vllm_config.scheduler_config.max_num_batched_tokens)
         self.recorded = self._recorded(plan.engine)
         # steps whose update_from_output() was recorded: only there is the model output known
         # (the last batch of a recording may not have been answered)
@@ -171,6 +174,7 @@ class RealWorker:
         self.divergences: list[Divergence] = []
         self.last: dict[str, tuple[list[int] | None, list[int] | None]] = {}
         self._it = iter(())
+        self._greedy = None  # SamplingParams of warm-up prefills, made when first needed
         self.reset()
 
     @property
@@ -192,6 +196,7 @@ class RealWorker:
         """Free everything the worker holds: the state of a fresh worker, without a restart."""
         from vllm.v1.core.sched.output import SchedulerOutput
 
+        self.ledger = Ledger(self.block_size)
         held = self.executor.collective_rpc(_held)[0]
         if held:
             empty = SchedulerOutput.make_empty()
@@ -202,18 +207,53 @@ class RealWorker:
         self.pos = 0
         self.divergences = []
         self.last = {}
+        self.not_comparable = dict(self.plan.not_comparable)
+        self.warmed: dict[str, int] = {}  # req_id -> prefix tokens prefilled before its step
 
     def _execute(self, so: Any) -> Any:
         out = self.executor.execute_model(so)
         if out is None:
             out = self.executor.sample_tokens(None)
+        self.ledger.apply(so)
         return out
+
+    def _warm(self, step: int, so: Any) -> None:
+        """Fill the prefix-cache hits of this step's requests that the replay never computed
+        (see warmup.py), or name those requests not comparable."""
+        for r in so.scheduled_new_reqs:
+            hit = int(r.num_computed_tokens)
+            if hit <= 0 or not self.ledger.missing(r.block_ids, hit):
+                continue
+            why = why_not(r)
+            if why is not None:
+                self.not_comparable.setdefault(r.req_id, (
+                    f"starts from {hit} prefix-cached tokens the replay never computed, and "
+                    f"{why}"))
+                continue
+            if self._greedy is None:
+                from vllm import SamplingParams
+
+                self._greedy = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
+            for warm in warmup_steps(r, self.budget, self._greedy):
+                self._execute(warm)
+            self.warmed[r.req_id] = hit
+        c = so.scheduled_cached_reqs
+        for i, rid in enumerate(c.req_ids):
+            if rid not in (getattr(c, "resumed_req_ids", None) or ()):
+                continue
+            hit = int(c.num_computed_tokens[i])
+            new = c.new_block_ids[i] if i < len(c.new_block_ids) else None
+            if hit > 0 and self.ledger.missing(new, hit):
+                self.not_comparable.setdefault(rid, (
+                    f"resumed at step {step} on {hit} prefix-cached tokens the replay never "
+                    "computed"))
 
     def step(self) -> list[Divergence]:
         """Run the next recorded step; its token divergences."""
         step, so = next(self._it)
         if step != self.steps[self.pos]:
             raise TraceError(f"step {self.steps[self.pos]} could not be rebuilt (got {step})")
+        self._warm(step, so)
         out = self._execute(so)
         got = {}
         if out is not None and out.req_ids:
@@ -229,7 +269,7 @@ class RealWorker:
             self.last[rid] = (w, g)
             if self.force and w is not None and g is not None and (w or g):
                 forced[rid] = (len(g), w)
-            if rid in self.plan.not_comparable or (w or []) == (g or []):
+            if rid in self.not_comparable or (w or []) == (g or []):
                 continue
             found.append(Divergence(step, rid, w, g))
         if forced:
@@ -265,6 +305,6 @@ class RealWorker:
         step = self.steps[self.pos - 1] if self.pos else None
         return {"position": self.pos, "step": step, "held": dict(sorted(held.items())),
                 "tokens": {rid: {"recorded": w, "replayed": g,
-                                 "comparable": rid not in self.plan.not_comparable}
+                                 "comparable": rid not in self.not_comparable}
                            for rid, (w, g) in self.last.items()},
                 "divergences": [d.to_dict() for d in self.divergences if d.step == step]}

@@ -33,6 +33,16 @@ class RealResult:
     not_comparable: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     crash: dict | None = None  # {"step", "error", "traceback"}
+    warmed: dict[str, int] = field(default_factory=dict)  # req_id -> prefix tokens prefilled
+
+    def absorb(self, warmed: dict[str, int], not_comparable: dict[str, str]) -> None:
+        """What the worker learnt while stepping: requests warmed up, or not comparable."""
+        self.warmed.update(warmed)
+        for rid, why in not_comparable.items():
+            self.not_comparable.setdefault(rid, why)
+        note = warm_note(self.warmed)
+        self.notes = [n for n in self.notes if not n.startswith(WARM_NOTE)] + (
+            [note] if note else [])
 
     def all_findings(self) -> list[Finding]:
         out = [d.finding(self.engine) for d in self.divergences] + self.findings
@@ -43,8 +53,21 @@ class RealResult:
         return {"worker": "vllm", "engine": self.engine, "steps_replayed": self.steps_replayed,
                 "first": found[0] if found else None, "findings": found,
                 "divergences": [d.to_dict() for d in self.divergences],
-                "not_comparable": self.not_comparable, "notes": self.notes,
-                "crash": self.crash}
+                "not_comparable": self.not_comparable, "warmed": self.warmed,
+                "notes": self.notes, "crash": self.crash}
+
+
+WARM_NOTE = "prefix-cache hits the replay never computed"
+
+
+def warm_note(warmed: dict[str, int]) -> str | None:
+    if not warmed:
+        return None
+    return (f"{WARM_NOTE}: {len(warmed)} request(s) began from prefix-cached blocks computed "
+            f"before the replay's first step ({sum(warmed.values())} tokens in all; the "
+            "recording began on a running engine, or --from is past the step that computed "
+            "them): each prefix was prefilled into its blocks first, so those requests are "
+            "compared as usual")
 
 
 def crash_steps(engine, steps: list[int]) -> dict[int, Finding]:
@@ -114,7 +137,13 @@ def run_here(p: Plan, force: bool = False, allow_crash: bool = False,
             progress(w.pos, total)
         if stop_at_first and found:
             break
+    res.absorb(w.warmed, w.not_comparable)
     return res
+
+
+def _news(d: dict, seen: int) -> dict:
+    """The entries of an insertion-ordered dict past the first `seen`."""
+    return dict(list(d.items())[seen:]) if len(d) > seen else {}
 
 
 def _child(conn, root: str, engine: str, model, start, until, force, stop_at_first) -> None:
@@ -128,8 +157,10 @@ def _child(conn, root: str, engine: str, model, start, until, force, stop_at_fir
         send("ready")
         while not w.done:
             send("begin", step=w.steps[w.pos])
+            warmed, nc = len(w.warmed), len(w.not_comparable)
             found = w.step()
-            send("step", pos=w.pos, divergences=[d.to_dict() for d in found])
+            send("step", pos=w.pos, divergences=[d.to_dict() for d in found],
+                 warmed=_news(w.warmed, warmed), not_comparable=_news(w.not_comparable, nc))
             if stop_at_first and found:
                 break
     except BaseException as e:
@@ -169,6 +200,7 @@ def run_in_child(p: Plan, root: str, model: str | None, start: int | None, until
             elif kind == "step":
                 res.steps_replayed = msg["pos"]
                 res.divergences.extend(Divergence(**d) for d in msg["divergences"])
+                res.absorb(msg["warmed"], msg["not_comparable"])
                 if progress is not None:
                     progress(msg["pos"], total)
             elif kind == "error":
@@ -200,9 +232,17 @@ class RealSession:
         self.crashes = crash_steps(p.engine, p.steps)
         self.w = _start(p, force, llm)
         self.findings: list[Finding] = []
-        self.notes = list(p.notes)
-        self.not_comparable = dict(p.not_comparable)
+        self._notes = list(p.notes)
         self.broken: int | None = None  # the step at which the worker raised
+
+    @property
+    def not_comparable(self) -> dict[str, str]:
+        return self.w.not_comparable
+
+    @property
+    def notes(self) -> list[str]:
+        note = warm_note(self.w.warmed)
+        return self._notes + ([note] if note else [])
 
     @property
     def steps(self) -> list[int]:

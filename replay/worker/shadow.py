@@ -666,7 +666,7 @@ class ShadowWorker:
 
     def __init__(self, engine, strict_order: bool = False, checkpoint_every: int = 256) -> None:
         self.engine = engine.name
-        m = engine.manifest
+        m = self.manifest = engine.manifest
         self.block_size = (m.get("engine") or {}).get("block_size")
         self.mid_stream = bool(m.get("attached_mid_stream"))
         self.strict_order = strict_order

@@ -277,6 +277,58 @@ def test_cli_json_on_a_clean_run(demo):
     assert out["first"] is None and out["divergences"] == [] and out["crash"] is None
 
 
+@pytest.fixture(scope="module")
+def attached_hits(cpu_llm, tmp_path_factory):
+    """An engine that served a request before attach() (idle at the attach), then requests
+    whose prompts share that request's prefix: the real scheduler introduces them with
+    prefix-cache hits on blocks computed before the recording began."""
+    d = tmp_path_factory.mktemp("attached-hits")
+    engine = cpu_llm.llm_engine
+    base = prompt(90, 300)
+    engine.add_request("before", {"prompt_token_ids": base}, params(4))
+    while engine.has_unfinished_requests():
+        engine.step()
+    asks = {"hit-2": base[:256] + prompt(91, 30), "hit-1": base[:128] + prompt(92, 60),
+            "fresh": prompt(93, 50)}
+    emitted = {}
+    with attach(scheduler_of(cpu_llm), d):
+        for rid, toks in asks.items():
+            engine.add_request(rid, {"prompt_token_ids": toks}, params(24))
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                emitted[out.request_id] = list(out.outputs[0].token_ids)
+    return d, emitted
+
+
+def test_prefix_hits_from_before_an_attach_are_warmed_and_compared(attached_hits, replay_llm):
+    d, emitted = attached_hits
+    e = _engine(d)
+    # idle at the attach: no request held, only the last one's finished id still owed
+    assert e.manifest["worker_state_at_start"]["requests"] == 0
+    hits = {r["req_id"].rsplit("-", 1)[0]: r["num_computed_tokens"]
+            for r in e.read("scheduled").to_pylist() if r["kind"] == "new"}
+    assert hits == {"hit-2": 256, "hit-1": 128, "fresh": 0}, hits
+    blocks = {r["req_id"].rsplit("-", 1)[0]: r["new_block_ids"][0]
+              for r in e.read("scheduled").to_pylist() if r["kind"] == "new"}
+    # hit-1's one hit block is hit-2's first: warming hit-2 (introduced first) fills it
+    assert blocks["hit-1"][0] == blocks["hit-2"][0]
+    w, got = _replay(d, replay_llm)
+    assert w.divergences == [] and w.not_comparable == {}
+    assert {rid.rsplit("-", 1)[0]: n for rid, n in w.warmed.items()} == {"hit-2": 256}
+    _assert_same_tokens(got, emitted, aborted=())
+    # the command line says so, and the shadow worker finds nothing either
+    r = invoke("replay", d, "--worker", "vllm", "-f", "json")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["divergences"] == [] and out["not_comparable"] == {}
+    assert list(out["warmed"].values()) == [256]
+    assert any("prefilled into its blocks first" in n for n in out["notes"])
+    # the finished id owed at the attach is not a phantom: only the mid-stream note remains
+    r = invoke("check", d, "--worker", "shadow", "-f", "json")
+    assert r.exit_code == 0, r.output
+    assert [f["invariant"] for f in json.loads(r.stdout)] == ["trace.attached_mid_stream"]
+
+
 def test_mid_stream_recording_names_where_a_replay_can_start(cpu_llm, tmp_path):
     """attach() to the engine while the demo workload runs: the fresh worker would meet
     requests it never saw."""
@@ -288,7 +340,8 @@ def test_mid_stream_recording_names_where_a_replay_can_start(cpu_llm, tmp_path):
 
     with stack:
         demo_workload(cpu_llm, on_step=on_step)
-    assert _engine(tmp_path / "t").manifest["attached_mid_stream"] is True
+    e = _engine(tmp_path / "t")
+    assert e.manifest["attached_mid_stream"] is True
     line = assert_clean_failure(invoke("replay", tmp_path / "t", "--worker", "vllm"))
     assert "begins mid-stream" in line
     if "could start from step" in line:
@@ -296,8 +349,17 @@ def test_mid_stream_recording_names_where_a_replay_can_start(cpu_llm, tmp_path):
         r = invoke("replay", tmp_path / "t", "--worker", "vllm", "--from", start,
                    "--until", int(start) + 20)
         assert r.exit_code == 0, r.output
+        assert "note: the recording began mid-stream" in r.stderr
     else:
-        assert "no step of this trace can start a replay" in line
+        assert "no step of this trace can start a replay: replay it with --worker shadow" in line
+    # the same note from the shadow worker; requests held from before the attach (scheduled
+    # as cached before their id is freed) are no phantom finished ids
+    r = invoke("replay", tmp_path / "t")
+    assert "note: the recording began mid-stream" in r.stderr, r.output
+    held = {x["req_id"] for x in e.read("scheduled").to_pylist() if x["kind"] != "new"}
+    r = invoke("check", tmp_path / "t", "-f", "json")
+    phantoms = {f["req_id"] for f in json.loads(r.stdout) if f["invariant"] == "finished.phantom"}
+    assert held and not phantoms & held, phantoms
 
 
 @pytest.mark.parametrize("change,expect", [
