@@ -172,3 +172,41 @@ def test_sql_interactive_prompt(tiny_model, tmp_path):
     assert "lifeline" in r.stdout  # .views listed them
     assert "SQL error" in r.stderr  # a bad statement does not end the session
     assert "a1" in r.stdout
+
+
+def test_junit_fails_only_at_or_above_fail_on_and_names_only_what_a_finding_has():
+    """samples/mixed has info findings only: JUnit counts them as failures only when --fail-on
+    reaches info, as the exit code does; a finding without a step or request says no 'None'."""
+    import xml.etree.ElementTree as ET
+
+    sample = Path(__file__).resolve().parents[2] / "samples" / "mixed"
+    r = CliRunner().invoke(app, ["check", str(sample), "-f", "json"])
+    rows = json.loads(r.stdout)
+    assert rows and {x["severity"] for x in rows} == {"info"}, rows
+    by = {}
+    for x in rows:
+        by.setdefault(x["invariant"], []).append(x)
+    for fail_on, failing in (("error", set()), ("info", set(by))):
+        r = CliRunner().invoke(app, ["check", str(sample), "-f", "junit", "--fail-on", fail_on])
+        assert r.exit_code == (1 if failing else 0)
+        suite = ET.fromstring(r.stdout)
+        assert int(suite.get("failures")) == len(failing)
+        cases = {c.get("name"): c for c in suite.iter("testcase")}
+        assert {n for n, c in cases.items() if c.find("failure") is not None} == failing
+        for inv, found in by.items():
+            text = "".join(cases[inv].itertext())
+            assert len(text.strip().splitlines()) == len(found)
+            assert "None" not in text
+
+
+def test_sql_json_keeps_sums_numbers():
+    """DuckDB's SUM of a BIGINT is a 128-bit integer: JSON gets a number, equal to the sum the
+    reader computes, not its text."""
+    sample = Path(__file__).resolve().parents[2] / "samples" / "mixed"
+    (e,) = open_trace(sample).engines
+    want = sum(e.read("steps", ["total_num_scheduled_tokens"]).column(0).to_pylist())
+    r = CliRunner().invoke(app, ["sql", str(sample), "SELECT SUM(total_num_scheduled_tokens) AS t,"
+                                 " AVG(total_num_scheduled_tokens) AS a FROM steps", "-f", "json"])
+    (row,) = json.loads(r.stdout)
+    assert row["t"] == want and isinstance(row["t"], int)
+    assert isinstance(row["a"], float)
