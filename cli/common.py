@@ -30,6 +30,21 @@ def fail(msg: object) -> NoReturn:
     raise typer.Exit(ExitCode.UNUSABLE)
 
 
+def quiet_vllm() -> None:
+    """Before vLLM is first imported by a command that builds an engine: its log goes to stderr,
+    since stdout carries the command's data (JSON must parse), and, unless the user chose a
+    level with VLLM_LOGGING_LEVEL, only its errors (its start-up warnings, among them a
+    traceback about the tokenizer a replay does without, read like our failure)."""
+    import os
+    import warnings
+
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+    if "VLLM_LOGGING_LEVEL" not in os.environ:
+        os.environ["VLLM_LOGGING_LEVEL"] = "ERROR"
+        # torch deprecations vLLM trips on import
+        warnings.filterwarnings("ignore", category=FutureWarning, module=r"vllm\.")
+
+
 def csv_text(rows: list[dict], columns: list[str]) -> str:
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=columns, extrasaction="ignore")

@@ -13,7 +13,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from vllm_contract.cli.common import ExitCode, fail, warn
+from vllm_contract.cli.common import ExitCode, fail, quiet_vllm, warn
 from vllm_contract.errors import TraceError
 
 app = typer.Typer()
@@ -103,14 +103,17 @@ def replay(
     if stop_at_first:
         found = found[:1]
     rows = [f.to_dict() for f in found]
+    notes = list(dict.fromkeys(n for s in sessions for n in s.notes))
     if format is ReplayFormat.json:
         typer.echo(json.dumps({"worker": worker.value, "steps_replayed": replayed,
                                "first": rows[0] if rows else None, "findings": rows,
-                               "divergences": []}, indent=2))
+                               "divergences": [], "notes": notes}, indent=2))
     elif format is ReplayFormat.jsonl:
         for r in rows:
             typer.echo(json.dumps(r))
     else:
+        for n in notes:
+            typer.echo(f"note: {n}", err=True)
         for f in found:
             who = f" req {f.req_id}" if f.req_id else ""
             typer.echo(f"{f.severity.upper():7} {f.invariant}  step {f.step}{who}: "
@@ -127,6 +130,7 @@ def _replay_real(trace: Path, engine: str | None, start: int | None, until: int 
     from vllm_contract.replay.worker import real_run
     from vllm_contract.trace import open_trace
 
+    quiet_vllm()
     model_path = None if model is None else str(model)
     try:
         t = open_trace(trace)

@@ -4,11 +4,12 @@ that a bad one is the same one line and exit 2 as with every other command."""
 from __future__ import annotations
 
 import enum
+import gc
 from pathlib import Path
 from typing import Annotated
 
 import typer
-from vllm_contract.cli.common import fail, warn
+from vllm_contract.cli.common import fail, quiet_vllm, warn
 from vllm_contract.errors import TraceError
 
 app = typer.Typer()
@@ -30,10 +31,15 @@ def tui(
     finding: Annotated[str | None, typer.Option(
         "--finding", help="Start at the first finding of this invariant id, or at the N-th "
                           "finding (1 = the first listed).")] = None,
+    model: Annotated[Path | None, typer.Option(
+        "--model", help="Real worker only: a copy of the trace's model, when the path its "
+        "manifest names is not there.")] = None,
 ) -> None:
     """Step through a trace and its replay, like a debugger (keys: press ? in the app)."""
     if step is not None and finding is not None:
         fail("--step and --finding are alternatives: give one")
+    if worker is TuiWorker.vllm:
+        quiet_vllm()  # its log would write over the app's screen
     from vllm_contract.tui import checks
     from vllm_contract.tui.app import ContractApp
     from vllm_contract.tui.data import TraceData
@@ -48,6 +54,10 @@ def tui(
     for w in data.gateway.warnings:
         warn(w)
     try:
-        ContractApp(data, worker=worker.value, step=step, finding=finding).run()
+        ContractApp(data, worker=worker.value, step=step, finding=finding,
+                    model=None if model is None else str(model)).run()
     finally:
         data.close()
+        # The process ends here: the collector's passes at interpreter exit would scan every
+        # object the app made, most of a quit's time, and nothing is left to collect.
+        gc.freeze()
