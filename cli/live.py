@@ -13,6 +13,7 @@ import math
 import os
 import signal
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 from typing import Annotated, Optional
@@ -133,10 +134,16 @@ def record(
         err("vllm-contract: warning: the vllm_contract plugin is not installed in this Python "
              "environment; the command's vLLM must have it (pip install vllm-contract)")
     out.mkdir(parents=True, exist_ok=True)
+    from vllm_contract.recorder.settings import RECORD_NOTES
+
+    fd, notes = tempfile.mkstemp(prefix="vllm-contract-record-", suffix=".notes")
+    os.close(fd)
+    env[RECORD_NOTES] = notes
     err(f"vllm-contract: recording into {out}/")
     try:
         proc = subprocess.Popen(command, env=env)
     except OSError as e:
+        os.unlink(notes)
         fail(f"cannot run {command[0]!r}: {e.strerror or e}")
     # Ctrl-C reaches the command from the terminal itself; SIGTERM/SIGHUP sent to us are passed
     # on, so that a supervisor stopping us stops (and seals the trace of) the command.
@@ -149,6 +156,11 @@ def record(
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+    try:
+        noted = set(Path(notes).read_text().split())
+        os.unlink(notes)
+    except OSError:
+        noted = set()
     if code < 0:
         err(f"vllm-contract: the command was killed by {signal.Signals(-code).name}")
         code = 128 - code
@@ -156,6 +168,13 @@ def record(
     if summary:
         err(f"vllm-contract: trace: {out}  ({summary})")
         err(f"vllm-contract: next: vllm-contract info {out}")
+    elif "main-guard" in noted:
+        warn(f"no engine recorded into {out}: the script starts vLLM when it is imported, and "
+             "vLLM's engine core process (spawned) imports it again and fails; put the "
+             'script\'s code under `if __name__ == "__main__":`')
+    elif code != 0:
+        warn(f"no engine recorded into {out}: the command failed (exit {code}) before an "
+             "engine recorded anything; its error is above")
     else:
         warn(f"no engine recorded into {out}: did the command start a "
              "vLLM engine from a Python environment with vllm-contract installed?")

@@ -17,18 +17,37 @@ A recorder failure closes that recording at the next boundary; the engine goes o
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 import weakref
+from pathlib import Path
 from typing import Any
 
+from vllm_contract import schema
 from vllm_contract.recorder.attach import Recorder
 from vllm_contract.recorder.engine_info import dp_rank, model_on_cpu
 
-log = logging.getLogger("vllm_contract.recorder")
+log = logging.getLogger("vllm.vllm_contract")  # under vLLM's logger: our lines join its log
 
 _registry: list[weakref.ref] = []
 _registry_lock = threading.Lock()
+
+
+def _say(msg: str, *args: Any) -> None:
+    """One INFO line in vLLM's log; a logging problem is never the engine's."""
+    try:
+        log.info(msg, *args, stacklevel=2)  # vLLM's line names our caller, not this function
+    except Exception:
+        pass
+
+
+def _name(rec: Recorder) -> str:
+    return schema.engine_name(Path(rec.path))
+
+
+def _root(rec: Recorder) -> str:
+    return str(Path(rec.path).parent.parent)  # TRACE/_engines/engine=NAME
 
 
 class RecordingError(Exception):
@@ -149,6 +168,8 @@ class ArmedEngine:
             rec, self._start = self._start, None
             rec.install()
             self.recorder = rec
+            _say("vllm-contract: recording engine %s (pid %d) into %s (%s)", _name(rec),
+                 os.getpid(), _root(rec), rec.started_by)
         self.pending = self.recorder is not None or self._start is not None
 
     def _finish(self, rec: Recorder, reason: str) -> None:
@@ -160,6 +181,8 @@ class ArmedEngine:
                              "ended_at": time.time(), "_recorder": rec})
         del self.history[:-self.HISTORY]
         self.pending = self._start is not None
+        _say("vllm-contract: stopped recording engine %s into %s after %d steps (%s)",
+             _name(rec), _root(rec), rec.step, reason)
 
     def _drop_recorder(self, reason: str) -> None:
         try:

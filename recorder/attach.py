@@ -22,7 +22,7 @@ from vllm_contract.recorder.clock import now_ns
 from vllm_contract.recorder.engine_info import dp_rank, engine_settings
 from vllm_contract.recorder.writer import TraceWriter
 
-log = logging.getLogger("vllm_contract.recorder")
+log = logging.getLogger("vllm.vllm_contract")  # under vLLM's logger: our lines join its log
 
 _WRAPPED = ("schedule", "update_from_output", "finish_requests")
 
@@ -73,6 +73,7 @@ class Recorder:
         self.receipts = receipts
         self.paused = False
         self.redacted = bool(writer_options.get("redact_prompts"))
+        self.started_by = started_by
         state = worker_state(scheduler) if install else None
         mid = bool(state["requests"] or state["finished_ids"]) if install else None
         manifest = {

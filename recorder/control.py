@@ -38,7 +38,7 @@ from pathlib import Path
 
 from vllm_contract.recorder.settings import RUN_DIR
 
-log = logging.getLogger("vllm_contract.recorder")
+log = logging.getLogger("vllm.vllm_contract")  # under vLLM's logger: our lines join its log
 
 _PEERCRED = struct.Struct("3i")  # pid, uid, gid
 MAX_MESSAGE = 1 << 20

@@ -24,7 +24,7 @@ from typing import Any
 
 from vllm_contract.recorder.clock import now_ns
 
-log = logging.getLogger("vllm_contract.recorder")
+log = logging.getLogger("vllm.vllm_contract")  # under vLLM's logger: our lines join its log
 
 MAGIC = b"VCR1"
 SLOTS = 1024

@@ -15,6 +15,9 @@ from typing import Mapping
 TRACE_DIR = "VLLM_CONTRACT_TRACE_DIR"
 ARM = "VLLM_CONTRACT_ARM"
 RUN_DIR = "VLLM_CONTRACT_RUN_DIR"
+# Set by `vllm-contract record`: a file where the plugin notes what the command's exit should
+# explain (one word a line: `main-guard`).
+RECORD_NOTES = "VLLM_CONTRACT_RECORD_NOTES"
 
 # Writer options: environment name -> (attach() keyword, parser, default)
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b)?\s*$", re.I)
@@ -86,6 +89,12 @@ OPTIONS = {
     "VLLM_CONTRACT_REDACT_PROMPTS": ("redact_prompts", parse_bool),
 }
 ENV_OF = {kw: env for env, (kw, _) in OPTIONS.items()}
+
+# Every environment variable of ours that a vLLM process may see. vLLM warns about any VLLM_*
+# name it does not know ("Unknown vLLM environment variable detected"), which reads like a typo;
+# the plugin silences that warning for these names only, so a misspelt one is still reported.
+KNOWN_ENV = frozenset({TRACE_DIR, ARM, RUN_DIR, RECORD_NOTES, *OPTIONS, "VLLM_CONTRACT_WRITER",
+                       "VLLM_CONTRACT_CONTROL_IDLE_SECONDS", "VLLM_CONTRACT_CACHE"})
 
 # Live engines flush by time: once a second (flush_seconds), or every 1024 steps if an engine
 # is faster than that. attach()'s 64 steps made a small, fast engine pay a flush's fixed cost

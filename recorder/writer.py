@@ -24,7 +24,7 @@ from vllm_contract.recorder.reserve import Reserve
 from vllm_contract.recorder.rows import REDACTED_FIELDS, Columns
 from vllm_contract.recorder.segments import SegmentSet, write_json_atomic
 
-log = logging.getLogger("vllm_contract.recorder")
+log = logging.getLogger("vllm.vllm_contract")  # under vLLM's logger: our lines join its log
 
 _STOP = object()
 

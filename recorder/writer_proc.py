@@ -37,7 +37,7 @@ from vllm_contract.recorder.segments import write_json_atomic
 from vllm_contract.recorder.writer import (
     DEFAULTS, _new_engine_dir, check_options, engine_dir_name, new_manifest)
 
-log = logging.getLogger("vllm_contract.recorder")
+log = logging.getLogger("vllm.vllm_contract")  # under vLLM's logger: our lines join its log
 
 # The ring holds this many bytes at most (less when max_pending_bytes is smaller): about 1,200
 # steps at 256 running requests, while the child keeps up to max_pending steps of its own.

@@ -1,0 +1,183 @@
+"""The README's served-engine recipe, run as written: the block after the `serve-recipe` marker
+in README.md. Its server starts on 127.0.0.1 (the port swapped for a free one, `my-trace` for a
+temporary directory), answers the README's request and a few more (one streamed) sent with the
+standard library, stops on SIGINT to its process group (what Ctrl-C in its terminal sends), and
+the README's `check` finds nothing. The server's log says when recording started and stopped.
+Real CPU vLLM, nothing mocked."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from vllm_contract.trace import open_trace
+
+import live_child  # tests/: the environment a child engine gets
+
+ROOT = Path(__file__).resolve().parents[2]
+MARKER = "<!-- serve-recipe:"
+
+
+def recipe() -> list[str]:
+    """The recipe's commands: its fenced block, continuation lines joined, comments left out."""
+    text = (ROOT / "README.md").read_text()
+    start = text.index(MARKER)
+    block = re.search(r"```sh\n(.*?)```", text[start:], re.S)
+    assert block, "README.md: no ```sh block after the serve-recipe marker"
+    joined = block.group(1).replace("\\\n", " ")
+    return [ln.strip() for ln in joined.splitlines() if ln.strip() and not ln.startswith("#")]
+
+
+def one(commands: list[str], word: str) -> str:
+    found = [c for c in commands if word in c]
+    assert len(found) == 1, f"the README's recipe should have one command with {word!r}: {found}"
+    return found[0]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def idle(trace: Path, answers: dict) -> bool:
+    """On disk: every answered request's finished id handed to the worker, and every step
+    answered. Nothing is asked of the engine after that, so it is idle."""
+    try:
+        (engine,) = open_trace(trace).engines
+        finished = engine.read("finished")["req_id"].to_pylist()
+        steps = engine.read("steps")["step"].to_pylist()
+        updates = set(engine.read("updates")["step"].to_pylist())
+    except Exception:  # not flushed yet
+        return False
+    return (all(any(f.startswith(rid + "-") for f in finished) for rid in answers)
+            and bool(steps) and set(steps) <= updates)
+
+
+def post(port: int, path: str, body: dict) -> urllib.request.Request:
+    return urllib.request.Request(f"http://127.0.0.1:{port}{path}", json.dumps(body).encode(),
+                                  {"Content-Type": "application/json"})
+
+
+def test_readme_serve_recipe_records_a_clean_trace(tiny_model, tmp_path):
+    trace, port = tmp_path / "my-trace", _free_port()
+    commands = recipe()
+    # The recipe as written but for the port, the trace's place, and the virtual env: the one
+    # running these tests (`.venv` under `make test`).
+    venv = str(Path(sys.prefix)) + "/"
+
+    def adapt(cmd: str) -> str:
+        cmd = cmd.replace("my-trace", shlex.quote(str(trace))).replace(".venv/", venv)
+        return re.sub(r"(--port |127\.0\.0\.1:)8000\b", rf"\g<1>{port}", cmd)
+
+    activate, model_line = adapt(commands[0]), adapt(commands[1])
+    assert activate.startswith(". ") and model_line.startswith("MODEL=$(")
+    serve = adapt(one(commands, "vllm.entrypoints.openai.api_server"))
+    curl = one(commands, "curl ")
+    check = adapt(one(commands, "vllm-contract check"))
+    assert "--host 127.0.0.1" in serve and f"--port {port}" in serve
+
+    # The user's shell: none of our settings, vLLM's default log level (conftest lowers it).
+    env = live_child.child_env(True, VLLM_LOGGING_LEVEL="INFO")
+    env.pop("VLLM_CONTRACT_CACHE", None)  # the recipe names the cache itself
+    log = tmp_path / "server.log"
+    server = subprocess.Popen(["bash", "-c", f"{activate}\n{model_line}\n{serve}"], cwd=ROOT,
+                              env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT,
+                              start_new_session=True)
+
+    def tail() -> str:
+        return log.read_text(errors="replace")[-4000:]
+
+    try:
+        end = time.time() + 300
+        while True:
+            assert server.poll() is None, f"the server exited ({server.returncode}):\n{tail()}"
+            assert time.time() < end, f"the server did not answer /health:\n{tail()}"
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
+                break
+            except OSError:
+                time.sleep(0.5)
+
+        # The README's request, as its curl line sends it.
+        m = re.search(r"curl -s (127\.0\.0\.1):8000(/\S+) .*-d '(\{.*\})'", curl)
+        assert m, curl
+        readme_body = json.loads(m.group(3))
+        answers = {}
+        for body in (readme_body, {**readme_body, "prompt": "the contract", "max_tokens": 8},
+                     {**readme_body, "prompt": "a b c", "max_tokens": 12, "temperature": 0}):
+            with urllib.request.urlopen(post(port, m.group(2), body), timeout=60) as r:
+                a = json.load(r)
+            answers[a["id"]] = a["usage"]
+        streamed = {**readme_body, "prompt": "streamed", "max_tokens": 10, "stream": True,
+                    "stream_options": {"include_usage": True}}
+        chunks, text = [], ""
+        with urllib.request.urlopen(post(port, m.group(2), streamed), timeout=60) as r:
+            for raw in r:
+                line = raw.decode().strip()
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    chunks.append(json.loads(line[6:]))
+        assert chunks and chunks[-1]["usage"], chunks[-1:]
+        text = "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
+        answers[chunks[0]["id"]] = chunks[-1]["usage"]
+        assert text and len(answers) == 4
+
+        # A person presses Ctrl-C at an idle server, not in the instant between the last
+        # answer and the step that hands its finished id to the worker: a SIGINT mid-step
+        # stops vLLM's worker before it answers, and its engine core, waiting, is killed.
+        end = time.time() + 60
+        while not idle(trace, answers):
+            assert server.poll() is None and time.time() < end, tail()
+            time.sleep(0.2)
+        os.killpg(server.pid, signal.SIGINT)  # Ctrl-C in the server's terminal
+        server.wait(120)
+    finally:
+        if server.poll() is None:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait(30)
+    out = log.read_text(errors="replace")
+
+    # The README's check, as written: exit 0 and nothing found, not even a warning.
+    r = subprocess.run(["bash", "-c", f"{activate}\n{check}"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stdout + r.stderr
+    assert "vllm-contract: warning" not in r.stderr, r.stderr
+    r = subprocess.run(["bash", "-c", f"{activate}\n{check} --fail-on info -f json"], cwd=ROOT,
+                       env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and json.loads(r.stdout) == [], r.stdout + r.stderr
+
+    # Every request is in the trace, with the tokens the server said it generated.
+    (engine,) = open_trace(trace).engines
+    m = engine.manifest
+    assert m["closed_cleanly"] is True and m["started_by"] == "VLLM_CONTRACT_TRACE_DIR"
+    requests = {row["req_id"]: row for row in engine.read("requests").to_pylist()}
+    sampled: dict[str, int] = {}
+    for row in engine.read("model_outputs").to_pylist():
+        sampled[row["req_id"]] = sampled.get(row["req_id"], 0) + len(row["sampled_token_ids"])
+    assert len(requests) == len(answers) == 4
+    for rid, usage in answers.items():
+        (req_id,) = [k for k in requests if k.startswith(rid + "-")]
+        assert requests[req_id]["prompt_len"] == usage["prompt_tokens"]
+        assert sampled[req_id] == usage["completion_tokens"]
+
+    # The server's log says recording is on, where and for which engine, and when it stopped;
+    # vLLM's warning about our variable is gone.
+    name, core = engine.name, m["pid"]
+    assert (f"vllm-contract: recording engine {name} (pid {core}) into {trace} "
+            f"(VLLM_CONTRACT_TRACE_DIR)") in out, out
+    assert f"vllm-contract: engine armed (pid {core}, dp rank 0; VLLM_CONTRACT_TRACE_DIR)" in out
+    stopped = [ln for ln in out.splitlines()
+               if f"vllm-contract: stopped recording engine {name} into {trace} after" in ln]
+    assert len(stopped) == 1 and stopped[0].endswith(
+        f"after {m['steps_recorded']} steps (engine shutdown)"), stopped
+    assert f"vllm-contract: engine shut down (pid {core}, dp rank 0): no longer armed" in out
+    assert "Unknown vLLM environment variable detected: VLLM_CONTRACT" not in out, out
