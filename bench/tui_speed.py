@@ -2,6 +2,7 @@
 navigation, jump to the next finding, and memory after many random navigations.
 
 Usage: python bench/tui_speed.py TRACE [--presses 10000] [--moves 300] [--tui DIR]
+       python bench/tui_speed.py TRACE --quit RUNS
 (TRACE: e.g. `python bench/gen_trace.py /tmp/t1m --steps 1000000`. `--tui DIR` runs another
 copy of the tui/ package, e.g. a commit's, `git archive COMMIT tui | tar -x -C DIR/..`: to
 alternate two versions on a shared machine.)
@@ -17,14 +18,23 @@ alternate two versions on a shared machine.)
   findings, then the page and detail of that step).
 - memory: resident set size after the warm-up and after `--presses` random navigations
   (j, k, pages, first, last, go to a random step); the page cache is bounded (64 pages).
+- quit (`--quit RUNS`, alone): `vllm-contract tui TRACE` in a pseudo-terminal, `q` pressed
+  while work is in flight, timed from the key to the process's exit (what a person waits for:
+  the app's shutdown, the interrupted threads, the interpreter's exit), with its exit status
+  and whether a traceback was written. Two states, RUNS each: the findings still computed
+  (0-2 s after the steps are listed), and an SQL query running (a cross join of the trace's
+  steps with themselves, hours unless interrupted) with the findings computed beside it.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import platform
 import random
+import re
+import select
 import sys
 import threading
 import time
@@ -137,13 +147,98 @@ async def main(trace: Path, presses: int, moves: int) -> None:
     print(f"machine: {platform.node()} {platform.machine()}, Python {sys.version.split()[0]}")
 
 
+class Terminal:
+    """`vllm-contract tui TRACE` in a pseudo-terminal: what it has drawn, as text."""
+
+    def __init__(self, trace: Path) -> None:
+        import pty
+
+        exe = Path(sys.executable).with_name("vllm-contract")
+        self.pid, self.fd = pty.fork()
+        if self.pid == 0:
+            os.environ.update(COLUMNS="150", LINES="45")
+            os.execv(exe, [str(exe), "tui", str(trace)])
+        self.raw = b""
+
+    @property
+    def text(self) -> str:
+        return re.sub(r"\x1b\[[0-9;?<>=]*[a-zA-Z~]", "", self.raw.decode("utf-8", "replace"))
+
+    def read(self, seconds: float) -> bool:
+        """Read for `seconds`; False once the program has closed the terminal."""
+        end = time.monotonic() + seconds
+        while (left := end - time.monotonic()) > 0:
+            if select.select([self.fd], [], [], min(left, 0.005))[0]:
+                try:
+                    chunk = os.read(self.fd, 1 << 16)
+                except OSError:
+                    return False
+                if not chunk:
+                    return False
+                self.raw += chunk
+        return True
+
+    def until(self, pattern: str, timeout: float = 120.0) -> None:
+        end = time.monotonic() + timeout
+        while not re.search(pattern, self.text):
+            if time.monotonic() > end or not self.read(0.05):
+                raise TimeoutError(pattern)
+
+    def keys(self, text: str) -> None:
+        os.write(self.fd, text.encode())
+
+    def quit(self) -> tuple[float, int, bool]:
+        """Press q: seconds until the process has exited, its exit status, a traceback."""
+        t = time.monotonic()
+        self.keys("q")
+        while self.read(0.005):
+            if os.waitpid(self.pid, os.WNOHANG)[0]:
+                break
+        _, status = os.waitpid(self.pid, 0)
+        return time.monotonic() - t, os.waitstatus_to_exitcode(status), "Traceback" in self.text
+
+
+def quit_latency(trace: Path, runs: int) -> None:
+    rng = random.Random(0)
+    listed = r"[1-9][0-9]* steps · checking"
+    heavy = "SELECT SUM(a.step + b.step) AS s FROM steps a, steps b"
+    for state in ("findings computed", "SQL query running"):
+        seconds, bad = [], []
+        for _ in range(runs):
+            term = Terminal(trace)
+            term.until(listed)
+            if state == "SQL query running":
+                term.keys("s")
+                term.read(0.3)
+                term.keys(heavy + "\r")
+                term.until("running…")
+                term.keys("\t")  # out of the prompt: `q` there is a letter of the query
+                term.read(0.5)
+            else:
+                term.read(rng.uniform(0, 2))
+            if "finding(s)" in term.text:
+                raise SystemExit(f"the findings were done before q ({state}): use a larger trace")
+            s, rc, traceback = term.quit()
+            seconds.append(s)
+            if rc != 0 or traceback:
+                bad.append(f"exit {rc}" + (", a traceback" if traceback else ""))
+        print(f"quit, {state}, x{runs}: p50 {p(seconds, .5):.0f} ms, max {max(seconds) * 1000:.0f} "
+              f"ms; unclean exits {len(bad)}" + (f" ({'; '.join(bad)})" if bad else ""))
+    print(f"machine: {platform.node()} {platform.machine()}, {os.cpu_count()} cores, Python "
+          f"{sys.version.split()[0]}, load average {os.getloadavg()[0]:.1f}")
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("trace", type=Path)
     ap.add_argument("--presses", type=int, default=10_000)
     ap.add_argument("--moves", type=int, default=300)
     ap.add_argument("--tui", type=Path, help="a tui/ package directory to run instead")
+    ap.add_argument("--quit", type=int, metavar="RUNS", help="time quitting instead")
     a = ap.parse_args()
+    if a.quit:
+        quit_latency(a.trace, a.quit)
+        raise SystemExit
     if a.tui is not None:
         import vllm_contract.tui
 

@@ -21,6 +21,7 @@ from vllm_contract.replay import Gateway, Session
 from vllm_contract.tui import checks, keys
 from vllm_contract.tui import messages as m
 from vllm_contract.tui.charts import Charts
+from vllm_contract.tui.closing import Bodies, counted
 from vllm_contract.tui.data import Interrupted, TraceData
 from vllm_contract.tui.detail import DetailPane
 from vllm_contract.tui.findings_pane import FindingsPane
@@ -55,10 +56,12 @@ class ContractApp(App):
     """
 
     def __init__(self, data: TraceData, worker: str = "shadow", step: int | None = None,
-                 finding: str | None = None, run_checks: bool = True) -> None:
+                 finding: str | None = None, run_checks: bool = True,
+                 model: str | None = None) -> None:
         super().__init__()
         self.data = data
         self.worker_kind = worker
+        self.model = model  # a real worker's model, when not the one the manifest names
         self.start_step = step
         self.start_finding = finding
         self.run_checks = run_checks
@@ -72,6 +75,8 @@ class ContractApp(App):
         self._rest_timer = None
         self._charts_asked = False
         self._check_gateway: Gateway | None = None
+        self._check_lock = threading.Lock()  # the check gateway is never closed mid-interrupt
+        self.bodies = Bodies()
         self.follow_req: str | None = None
 
     # -- layout -------------------------------------------------------------------------------
@@ -122,14 +127,17 @@ class ContractApp(App):
 
     # -- workers (threads; each posts one typed message back) --------------------------------
     @work(thread=True, exclusive=True, group="steps", exit_on_error=False)
+    @counted
     def load_steps(self) -> None:
         self.post(m.StepsLoaded(self.data.load_steps()))
 
     @work(thread=True, exclusive=True, group="charts", exit_on_error=False)
+    @counted
     def load_charts(self) -> None:
         self.post(m.ChartsLoaded(self.data.series()))
 
     @work(thread=True, exclusive=True, group="pages", exit_on_error=False)
+    @counted
     def load_pages(self, starts: list[int]) -> None:
         """The pages in the order asked; a newer ask stops this one between two pages. A page
         read is posted even when superseded: it goes to the cache all the same."""
@@ -139,32 +147,39 @@ class ContractApp(App):
             self.post_message(m.PageLoaded(start, self.data.page(start)))
 
     @work(thread=True, exclusive=True, group="detail", exit_on_error=False)
+    @counted
     def load_detail(self, step: int) -> None:
         detail = self.data.detail(step, cancelled=lambda: not _live())
         if detail is not None:
             self.post(m.DetailLoaded(detail))
 
     @work(thread=True, exclusive=True, group="findings", exit_on_error=False)
+    @counted
     def check_trace(self) -> None:
         explained = checks.explanations()
-        self._check_gateway = Gateway(self.data.root)
+        gw = Gateway(self.data.root)
+        with self._check_lock:
+            self._check_gateway = gw
         try:
-            found = checks.findings(self._check_gateway, self.data.engine,
-                                      cancelled=lambda: not _live())
+            found = checks.findings(gw, self.data.engine, cancelled=lambda: not _live())
         finally:
-            self._check_gateway.close()
-            self._check_gateway = None
+            with self._check_lock:
+                self._check_gateway = None
+            gw.close()
         self.post(m.FindingsLoaded(found, explained))
 
     @work(thread=True, exclusive=True, group="search", exit_on_error=False)
+    @counted
     def search(self, prefix: str) -> None:
         self.post(m.SearchDone(prefix, self.data.search(prefix)))
 
     @work(thread=True, exclusive=True, group="request", exit_on_error=False)
+    @counted
     def load_lifeline(self, req_id: str) -> None:
         self.post(m.LifelineLoaded(self.data.lifeline(req_id)))
 
     @work(thread=True, exclusive=True, group="worker", exit_on_error=False)
+    @counted
     def replay_to(self, position: int) -> None:
         me = get_current_worker()
         with self._session_lock:  # a superseded replay stops at its next step
@@ -176,7 +191,7 @@ class ContractApp(App):
                                            "trace's manifest…"))
                 try:
                     self.session = Session(self.data.root, worker=self.worker_kind,
-                                           engine=self.data.engine)
+                                           engine=self.data.engine, model=self.model)
                 except BaseException as e:
                     self.session_error = str(e) if isinstance(e, TraceError) else (
                         f"{type(e).__name__}: {e}")
@@ -203,6 +218,7 @@ class ContractApp(App):
                                           s.notes))
 
     @work(thread=True, exclusive=True, group="sql", exit_on_error=False)
+    @counted
     def run_sql(self, query: str) -> None:
         t = time.perf_counter()
         self.post(m.SqlDone(query, self.data.sql(query, kind="sql"), time.perf_counter() - t))
@@ -459,12 +475,26 @@ class ContractApp(App):
     def action_help(self) -> None:
         self.push_screen(HelpScreen())
 
-    def on_unmount(self) -> None:
+    async def action_quit(self) -> None:
+        # the work in flight stops first: its queries hold the cores that the app's own
+        # shutdown needs; unmount then waits for their threads (tui/closing.py)
+        self.workers.cancel_all()
+        self.bodies.refuse()
+        self.interrupt()
+        await super().action_quit()
+
+    async def on_unmount(self) -> None:
         gc.unfreeze()
         if self._rest_timer is not None:
             self._rest_timer.stop()
         self.workers.cancel_all()
-        gw = self._check_gateway
-        if gw is not None:
-            gw.interrupt()
+        # the caller closes the trace's connections once the app returns: no body may be
+        # left in a query by then (tui/closing.py)
+        await self.bodies.stop(self.interrupt)
+
+    def interrupt(self) -> None:
+        """Interrupt every DuckDB query in flight: the app's cursors' and the checks'."""
         self.data.interrupt()
+        with self._check_lock:
+            if self._check_gateway is not None:
+                self._check_gateway.interrupt()
