@@ -343,9 +343,11 @@ def test_the_demo_recording_steps_through_its_preemption(demo_trace):
     run(scenario, demo_trace)
 
 
-def test_a_real_worker_that_cannot_start_shows_vllms_error_and_the_app_stays_usable():
+def test_a_real_worker_that_cannot_start_shows_vllms_error_and_the_app_stays_usable(tiny_model):
     # The sample's manifest asks for a KV cache this engine cannot give: vLLM itself refuses
-    # to start, on the worker thread; the pane says why and the other panes work on.
+    # to start, on the worker thread; the pane says why and the other panes work on. The
+    # model is the suite's own: the one the manifest names is a path of the machine that
+    # recorded the sample (tests/layout/test_path_independence.py).
     async def scenario(app, pilot):
         await pilot.press("w")
         pane = app.query_one("WorkerPane")
@@ -356,7 +358,7 @@ def test_a_real_worker_that_cannot_start_shows_vllms_error_and_the_app_stays_usa
         await pilot.press("w")
         assert "could not start a vLLM engine" in pane.text and app.session is None
 
-    run(scenario, SAMPLES / "mixed", worker="vllm", run_checks=False)
+    run(scenario, SAMPLES / "mixed", worker="vllm", run_checks=False, model=tiny_model)
 
 
 def test_a_real_worker_marks_an_altered_token_goes_back_and_cancels(demo_trace, tmp_path):
