@@ -7,7 +7,6 @@ import json
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
-from xml.sax.saxutils import escape, quoteattr
 
 import typer
 
@@ -93,6 +92,9 @@ def _where(f) -> str:
 def _render_junit(report, invariants, fail_on: str) -> str:
     """One testcase per check; a failure only for findings at or above --fail-on (what the
     exit code counts), the others in the testcase's system-out."""
+    # here, not at the top: it loads urllib.request, which every other command would load too
+    from xml.sax.saxutils import escape, quoteattr
+
     by: dict[str, list] = {}
     for f in report.findings:
         by.setdefault(f.invariant, []).append(f)

@@ -21,7 +21,6 @@ from typing import Annotated, Optional
 import typer
 
 from vllm_contract.cli.common import ExitCode, err, fail, warn
-from vllm_contract.recorder import settings as st
 
 app = typer.Typer()
 
@@ -34,6 +33,10 @@ class PsFormat(str, enum.Enum):
 def _options(redact_prompts: bool, max_trace_bytes: Optional[str], flush_seconds: Optional[float],
              flush_steps: Optional[int], max_pending_bytes: Optional[str]) -> dict[str, str]:
     """Recording options as the environment names the plugin reads, validated here."""
+    # imported here, not at the top: the recorder package brings pyarrow with it, which
+    # every other command (and `--help`) would load for nothing
+    from vllm_contract.recorder import settings as st
+
     raw, flags = {}, {}
     if flush_seconds is not None and not (math.isfinite(flush_seconds) and flush_seconds > 0):
         fail(f"--flush-seconds must be a finite number more than 0, got {flush_seconds}")
@@ -124,7 +127,9 @@ def record(
     env = dict(os.environ)
     env.update(_options(redact_prompts, max_trace_bytes, flush_seconds, flush_steps,
                         max_pending_bytes))
-    env[st.TRACE_DIR] = str(out)
+    from vllm_contract.recorder.settings import TRACE_DIR
+
+    env[TRACE_DIR] = str(out)
     plugins = env.get("VLLM_PLUGINS")
     if plugins is not None and "vllm_contract" not in [p.strip() for p in plugins.split(",")]:
         fail(f"VLLM_PLUGINS={plugins!r} leaves out vllm_contract: nothing would be recorded")

@@ -140,7 +140,7 @@ class EngineTrace:
             want = pa.schema([want.field(c) for c in columns])
         parts = [p for p in parts if p is not None]
         if not parts:
-            return want.empty_table()
+            return schema.empty(want)
         return pa.concat_tables(parts)
 
     def count(self, table: str) -> int:
@@ -205,7 +205,7 @@ def verify_parquet(path: Path, root: Path | None = None) -> bool:
     want = _want(path, None)
     with reading(f"{path}: unreadable Parquet segment"):
         found = pq.read_schema(path)
-    _conform(path, found.empty_table(), want)
+    _conform(path, schema.empty(found), want)
     if PAGE_CHECKSUMS_KEY not in (found.metadata or {}):
         return True
     try:
@@ -216,6 +216,13 @@ def verify_parquet(path: Path, root: Path | None = None) -> bool:
         _damaged_or_unreadable(path, e)
         return False
     return True
+
+
+def _read_parquet(path: Path, columns: list[str] | None, **options) -> pa.Table:
+    # One file, read as a file: pq.read_table would make it a dataset, and pyarrow.dataset
+    # imports pandas, which nothing here needs.
+    with pq.ParquetFile(path, **options) as f:
+        return f.read(columns=columns)
 
 
 def _damaged_or_unreadable(path: Path, e: Exception) -> None:
@@ -269,13 +276,13 @@ def read_segment(path: Path, warnings: list[str], columns: list[str] | None = No
         # the columns first: a read failing for lack of one is no checksum's doing
         with reading(f"{path}: unreadable Parquet segment"):
             found = pq.read_schema(path)
-        _conform(path, found.empty_table(), _want(path, None))
+        _conform(path, schema.empty(found), _want(path, None))
         try:
-            data = pq.read_table(path, columns=columns, page_checksum_verification=True)
+            data = _read_parquet(path, columns, page_checksum_verification=True)
         except _BAD_INPUT as e:
             _damaged_or_unreadable(path, e)
             try:
-                data = pq.read_table(path, columns=columns)
+                data = _read_parquet(path, columns)
             except _BAD_INPUT:
                 problems.append(f"{path}: a page fails its checksum and does not decode "
                                 "(damaged after it was written; its rows are left out)")

@@ -99,7 +99,7 @@ class Gateway:
                     name = self._hold(f"_live_{table}_{i}", pa.concat_tables(live))
                     selects.append(f"SELECT {engine}, {cols} FROM {name}")
             if not selects:  # no engine has this table: an empty view of the right columns
-                name = self._hold(f"_live_{table}", sch.empty_table())
+                name = self._hold(f"_live_{table}", schema.empty(sch))
                 selects.append(f"SELECT CAST(NULL AS engine_name) AS engine, {cols} FROM {name}")
             self.con.execute(f"CREATE VIEW {table} AS " + " UNION ALL ".join(selects))
         self._register("_engines", ENGINES_SCHEMA, [self._engine_row(e) for e in self.trace.engines])
@@ -115,7 +115,7 @@ class Gateway:
             self.con.execute(view_sql)
 
     def _register(self, name: str, sch: pa.Schema, rows: list[dict]) -> None:
-        self._hold(name, pa.Table.from_pylist(rows, schema=sch))
+        self._hold(name, schema.from_rows(rows, sch))
 
     def _hold(self, name: str, table: pa.Table) -> str:
         """Register an Arrow table under `name`, kept alive as long as the connection."""

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import pyarrow.compute as pc
-
 from vllm_contract import schema
 from vllm_contract.errors import TraceError
 from vllm_contract.trace import Trace, reading
@@ -40,29 +38,47 @@ FROM (SELECT GREATEST(v.returned - s.i, 1) AS n
 """
 
 
-def _in_flight(steps, updates) -> dict:
+# The steps' numbers, times and tokens at a glance. In DuckDB, which `info` has loaded already,
+# not pyarrow.compute, whose import would be most of the cost of these few sums.
+_STEP_STATS = """
+SELECT MIN(step), MAX(step), COUNT(DISTINCT step), MIN(t_ns), MAX(t_ns),
+       SUM(total_num_scheduled_tokens)
+FROM steps_
+"""
+
+
+def _step_stats(steps, con) -> tuple:
     import duckdb
 
-    con = duckdb.connect()
     try:
-        con.register("steps_", steps.select(["step", "t_ns"]))
+        con.register("steps_", steps)
+        return con.sql(_STEP_STATS).fetchall()[0]
+    except duckdb.Error as e:  # as _in_flight's
+        raise TraceError(f"steps: {e}") from None
+
+
+def _in_flight(updates, con) -> dict:
+    """After _step_stats (steps_)."""
+    import duckdb
+
+    try:
         con.register("updates_", updates.select(["step", "t_ns"]))
         most, overlapped = con.sql(_IN_FLIGHT).fetchall()[0]
     except duckdb.Error as e:  # damaged times or steps (an overflow): the trace's fault
         raise TraceError(f"batches in flight: {e}") from None
-    finally:
-        con.close()
     return {"most_in_flight": most, "overlapped_updates": int(overlapped)}
 
 
 def engine_summary(e, checked: list[str] | None = None) -> dict:
     """`checked`: the integrity checks' findings for this engine, when a gateway ran them;
     without, the reader's own notes of data failing its checksum stand in."""
-    with reading(e.dir):
-        return _engine_summary(e, checked)
+    import duckdb
+
+    with reading(e.dir), duckdb.connect() as con:
+        return _engine_summary(e, checked, con)
 
 
-def _engine_summary(e, checked: list[str] | None) -> dict:
+def _engine_summary(e, checked: list[str] | None, con) -> dict:
     m = e.manifest
     # only the columns summed up here: reading every table of a long trace whole took 10 GB
     # and 10 s at a million steps
@@ -88,15 +104,12 @@ def _engine_summary(e, checked: list[str] | None) -> dict:
         integrity.append(f"steps {a}..{b} dropped ({why})")
     if m.get("attached_mid_stream"):
         integrity.append("attached mid-stream: the worker held requests introduced before step 0")
-    if steps.num_rows and steps["step"].null_count < steps.num_rows:
-        got = pc.min_max(steps["step"]).as_py()
-        expected = got["max"] - got["min"] + 1
-        distinct = pc.count_distinct(steps["step"]).as_py()  # repeats are not steps
-        if expected != distinct:
-            integrity.append(f"{expected - distinct} step numbers missing between "
-                             f"{got['min']} and {got['max']}")
+    lo, hi, distinct, t_min, t_max, tokens = _step_stats(steps, con)
+    if lo is not None:  # some step has a number
+        expected = hi - lo + 1
+        if expected != distinct:  # repeats are not steps
+            integrity.append(f"{expected - distinct} step numbers missing between {lo} and {hi}")
     integrity += list(e.problems) if checked is None else checked
-    t = pc.min_max(steps["t_ns"]).as_py() if steps.num_rows else {"min": None, "max": None}
     return {
         "engine": e.name,
         "path": str(e.dir),
@@ -107,10 +120,10 @@ def _engine_summary(e, checked: list[str] | None) -> dict:
         "settings": m.get("engine"),
         "steps": steps.num_rows,
         "requests": len(set(reqs["req_id"].to_pylist())),
-        "tokens_scheduled": pc.sum(steps["total_num_scheduled_tokens"]).as_py() or 0,
-        **_in_flight(steps, e.read("updates", ["step", "t_ns"])),
-        "first_step_ns": t["min"], "last_step_ns": t["max"],
-        "span_s": (t["max"] - t["min"]) / 1e9 if steps.num_rows else 0.0,
+        "tokens_scheduled": tokens or 0,
+        **_in_flight(e.read("updates", ["step", "t_ns"]), con),
+        "first_step_ns": t_min, "last_step_ns": t_max,
+        "span_s": (t_max - t_min) / 1e9 if steps.num_rows else 0.0,
         "closed_cleanly": bool(m.get("closed_cleanly")),
         "rows": counts,
         "fields": m.get("fields"),

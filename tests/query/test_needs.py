@@ -47,6 +47,20 @@ def test_builtin_needs_cover_what_each_query_reads():
                                               ["transport"])
 
 
+def test_builtin_checks_pass_what_a_users_check_is_held_to():
+    """load() does not check the built-in checks' `needs:` (only the package changes them): this
+    test does, as load() does a user's check."""
+    catalog.validate(catalog.load())
+
+
+def test_validate_finds_what_load_finds(tmp_path):
+    d = check(tmp_path, "steps", "SELECT engine, step, NULL AS req_id, 'x' AS details FROM stpes")
+    msg = load_error(d)
+    with pytest.raises(TraceError) as e:
+        catalog.validate([catalog.parse(d / "check.sql")])
+    assert str(e.value) == msg and "reads stpes, which no trace has" in msg
+
+
 def test_a_table_read_but_not_declared_is_named(tmp_path):
     d = check(tmp_path, "steps", "SELECT s.engine, s.step, NULL AS req_id, 'x' AS details\n"
               "FROM steps s JOIN transport t ON t.engine = s.engine AND t.step = s.step")
