@@ -51,6 +51,14 @@ def tui(
         data = TraceData(trace, engine)
     except TraceError as e:
         fail(e)
+    if worker is TuiWorker.vllm:  # a model it cannot load: one line now, not once the app runs
+        from vllm_contract.replay.worker.plan import model_path, pick_engine
+
+        try:
+            model_path(pick_engine(data.gateway.trace, data.engine), model and str(model))
+        except TraceError as e:
+            data.close()
+            fail(e)
     for w in data.gateway.warnings:
         warn(w)
     try:

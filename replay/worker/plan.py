@@ -143,6 +143,40 @@ def most_in_flight(engine) -> int:
     return most
 
 
+# What vLLM reads from a local model directory before anything else. Checked here because vLLM
+# finds out only while it builds the engine, with an error that does not say what is missing.
+_CONFIGS = ("config.json", "params.json")  # Hugging Face's, Mistral's
+_WEIGHTS = ("*.safetensors", "*.bin", "*.pt", "*.safetensors.index.json", "*.bin.index.json")
+
+
+def _model_dir_lacks(path: Path) -> str | None:
+    """What a local model directory lacks (its config, its weights), or None. A file (a GGUF
+    model is one) is left to vLLM."""
+    if not path.is_dir():
+        return None
+    if not any((path / name).is_file() for name in _CONFIGS):
+        return "config.json"
+    if not any(next(path.glob(pattern), None) for pattern in _WEIGHTS):
+        return "weights (" + ", ".join(_WEIGHTS[:3]) + " files, or an index of them)"
+    return None
+
+
+def model_path(engine, model: str | None = None) -> str:
+    """The model a real worker loads: `model` (--model), else the one the manifest names;
+    TraceError unless it is there and looks like a model."""
+    path = model or (engine.manifest.get("engine") or {}).get("model")
+    if not path:
+        raise TraceError("the trace's manifest names no model: give one with --model PATH")
+    where = "given with --model" if model else "named by the trace's manifest"
+    if not Path(path).exists():
+        raise TraceError(f"model {path} ({where}) does not exist here: point at a copy of it "
+                         "with --model PATH")
+    if lacks := _model_dir_lacks(Path(path)):
+        raise TraceError(f"model {path} ({where}) is not a model directory: it has no "
+                         f"{lacks}; point at a copy of the model with --model PATH")
+    return path
+
+
 def _dtype(text: str | None) -> str:
     return (text or "auto").removeprefix("torch.")
 
@@ -157,13 +191,7 @@ def plan(engine, model: str | None = None, start: int | None = None,
     if e.get("speculative"):
         raise TraceError("the trace was recorded with speculative decoding: replaying the "
                          "worker's drafter is not supported (use --worker shadow)")
-    path = model or e.get("model")
-    if not path:
-        raise TraceError("the trace's manifest names no model: give one with --model PATH")
-    if not Path(path).exists():
-        where = "given with --model" if model else "named by the trace's manifest"
-        raise TraceError(f"model {path} ({where}) does not exist here: point at a copy of it "
-                         "with --model PATH")
+    path = model_path(engine, model)
     steps = [int(s) for s in engine.read("steps", ["step"]).column("step").to_pylist()]
     steps.sort()
     if not steps:

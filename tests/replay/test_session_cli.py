@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -102,6 +104,46 @@ def test_replay_exit_2_on_unusable_input(tmp_path):
     assert r.exit_code == 2 and "does not exist here" in r.stderr
     r = runner.invoke(app, ["replay", str(SAMPLES / "mixed"), "--worker", "gpu"])
     assert r.exit_code == 2
+
+
+def _refusal(command: str, model: Path) -> str:
+    """The one line a real worker's command gives for `--model MODEL`, in a process of its own
+    (the TUI's app would start if the command did not refuse)."""
+    r = subprocess.run([sys.executable, "-c", "import sys\nfrom vllm_contract.cli import main\n"
+                        "sys.argv[0] = 'vllm-contract'\nmain()", command, str(SAMPLES / "mixed"),
+                        "--worker", "vllm", "--model", str(model)],
+                       capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-2000:]
+    [line] = r.stderr.splitlines()
+    assert line.startswith("vllm-contract: error: ") and str(model) in line
+    return line
+
+
+@pytest.mark.parametrize("command", ["replay", "tui"])
+def test_a_directory_that_is_no_model_is_named_before_an_engine_is_built(tmp_path, command):
+    """vLLM itself finds out only while it builds the engine, and says neither what nor where."""
+    model = tmp_path / "not-a-model"
+    model.mkdir()
+    (model / "notes.txt").write_text("the weights are elsewhere")
+    assert "is not a model directory: it has no config.json" in _refusal(command, model)
+    (model / "config.json").write_text("{}")
+    line = _refusal(command, model)
+    assert "it has no weights (*.safetensors, *.bin, *.pt files" in line
+
+
+def test_a_model_directory_with_config_and_weights_passes(tmp_path):
+    from vllm_contract.replay.worker.plan import model_path
+    from vllm_contract.trace import open_trace
+
+    engine = open_trace(SAMPLES / "mixed").engines[0]
+    for weights in ("model.safetensors", "pytorch_model-00001-of-00002.bin"):
+        model = tmp_path / weights
+        model.mkdir()
+        (model / "config.json").write_text("{}")
+        (model / weights).write_bytes(b"")
+        assert model_path(engine, str(model)) == str(model)
+    with pytest.raises(TraceError, match="does not exist here"):
+        model_path(engine, str(tmp_path / "gone"))
 
 
 def test_check_worker_shadow_dedupes_what_the_catalog_says(tmp_path):
