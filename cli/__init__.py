@@ -7,8 +7,19 @@ from __future__ import annotations
 import sys
 
 import typer
+import typer.core
 
 from vllm_contract.cli import check, live, replay, trace, tui
+
+
+def _flag_type(self, ctx):
+    # typer's rich help prints a flag's type (`<bool>`) in the column of the value an option
+    # takes, where its plain help prints nothing: a flag takes no value
+    return None if self.is_flag or self.count else _option_type(self, ctx)
+
+
+_option_type = typer.core.TyperOption.display_type_rich
+typer.core.TyperOption.display_type_rich = _flag_type
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   rich_markup_mode="markdown",
