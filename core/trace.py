@@ -24,7 +24,7 @@ import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
 from vllm_contract import manifest as manifest_schema
-from vllm_contract import schema
+from vllm_contract import liveness, schema
 from vllm_contract.errors import TraceError
 
 # The key of a stream batch's custom metadata holding the CRC-32 of the batch as serialized
@@ -109,6 +109,15 @@ class EngineTrace:
     def name(self) -> str:
         return schema.engine_name(self.dir)
 
+    @property
+    def recording(self) -> bool | None:
+        """Whether the recorder is still writing this engine (liveness.py): True, False (it
+        died), None (a clean close, or a trace that cannot tell). Asked once per open."""
+        if "_recording" not in self._commits:
+            self._commits["_recording"] = (None if self.manifest.get("closed_cleanly")
+                                           else liveness.alive(self.dir))
+        return self._commits["_recording"]
+
     def segments(self, table: str) -> list[Path]:
         """One path per sequence number; Parquet wins over a leftover stream of the same number
         (compaction renames the Parquet into place before it deletes the stream). Every path
@@ -161,7 +170,7 @@ class EngineTrace:
         found: list[str] = []
         damaged: list[str] = []
         part = read_segment(path, found, columns, problems=damaged, root=self.root or self.dir,
-                            keep_rows=self.committed_rows(path))
+                            keep_rows=self.committed_rows(path), live=self.recording is True)
         self.warnings.extend(w for w in found if w not in self.warnings)
         self.problems.extend(p for p in damaged if p not in self.problems)
         return part
@@ -265,7 +274,7 @@ def _commits(steps_path: Path, root: Path) -> dict[str, int] | None:
 
 def read_segment(path: Path, warnings: list[str], columns: list[str] | None = None, *,
                  problems: list[str] | None = None, root: Path | None = None,
-                 keep_rows: int | None = None) -> pa.Table | None:
+                 keep_rows: int | None = None, live: bool = False) -> pa.Table | None:
     """Every whole batch of a segment, with its table's schema; a torn tail (crash mid-write)
     is reported, not fatal. A batch or page failing its checksum is kept and noted in
     `problems` (in `warnings` without it)."""
@@ -295,13 +304,15 @@ def read_segment(path: Path, warnings: list[str], columns: list[str] | None = No
     except OSError as e:
         raise TraceError(f"{path}: cannot read segment ({e.strerror or e})") from None
     if not data:
-        warnings.append(f"{path}: empty segment (the writer died before its first write)")
+        if not live:  # a live writer's stream before its first flush
+            warnings.append(f"{path}: empty segment (the writer died before its first write)")
         return None
     try:
         reader = ipc.open_stream(pa.py_buffer(data))
     except _BAD_INPUT as e:
         if _torn_in_schema(data):
-            warnings.append(f"{path}: torn before its schema was written (no data lost)")
+            if not live:
+                warnings.append(f"{path}: torn before its schema was written (no data lost)")
             return None
         raise TraceError(f"{path}: not an Arrow stream segment ({e})") from None
     batches = []
@@ -317,8 +328,9 @@ def read_segment(path: Path, warnings: list[str], columns: list[str] | None = No
                     bad += 1
             batches.append(batch)
     except _BAD_INPUT as e:
-        warnings.append(f"{path}: truncated after {len(batches)} whole batches "
-                        f"(kept; the writer did not finish: {e})")
+        if not live:  # else the writer is mid-batch: its whole ones are what is flushed
+            warnings.append(f"{path}: truncated after {len(batches)} whole batches "
+                            f"(kept; the writer did not finish: {e})")
     if bad:
         problems.append(f"{path}: {bad} of {len(batches)} batches fail their checksum "
                         "(data damaged after it was written)")
@@ -326,8 +338,9 @@ def read_segment(path: Path, warnings: list[str], columns: list[str] | None = No
         table = pa.Table.from_batches(batches, schema=reader.schema)
     table = _conform(path, table, _want(path, None))
     if keep_rows is not None and table.num_rows > keep_rows:
-        warnings.append(f"{path}: {table.num_rows - keep_rows} rows of a flush the writer did "
-                        "not finish left out (the manifest says why it stopped)")
+        if not live:
+            warnings.append(f"{path}: {table.num_rows - keep_rows} rows of a flush the writer "
+                            "did not finish left out (the manifest says why it stopped)")
         table = table.slice(0, keep_rows)
     return table if columns is None else table.select(columns)
 
@@ -374,7 +387,10 @@ class Trace:
 
     @property
     def warnings(self) -> list[str]:
-        return [w for e in self.engines for w in e.warnings]
+        live = [f"engine {e.name} is still being recorded (its recorder, pid "
+                f"{e.manifest.get('pid')}, is alive): reading the steps flushed so far"
+                for e in self.engines if e.recording]
+        return live + [w for e in self.engines for w in e.warnings]
 
     @property
     def problems(self) -> list[str]:
@@ -409,8 +425,10 @@ def open_trace(path: str | Path) -> Trace:
             dirs += sorted(p for p in root.iterdir()
                            if p.name.startswith(schema.ENGINE_DIR_PREFIX) and p.is_dir())
     if not dirs:
-        raise TraceError(f"{root}: empty: no {schema.MANIFEST}, no {schema.ENGINES_DIR}/engine=* "
-                         "and no engine=* directories")
+        with reading(root):
+            what = "not a vllm-contract trace" if any(root.iterdir()) else "empty"
+        raise TraceError(f"{root}: {what}: no {schema.MANIFEST}, no {schema.ENGINES_DIR}/"
+                         "engine=* and no engine=* directories")
     for d in dirs:
         inside(d, root)
     return Trace(root, [EngineTrace(d, load_manifest(d, root), root=root) for d in dirs])

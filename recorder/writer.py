@@ -18,7 +18,7 @@ import time
 from collections import deque
 from pathlib import Path
 
-from vllm_contract import schema
+from vllm_contract import liveness, schema
 from vllm_contract.recorder.columns import warm_up
 from vllm_contract.recorder.reserve import Reserve
 from vllm_contract.recorder.rows import REDACTED_FIELDS, Columns
@@ -146,6 +146,7 @@ class TraceWriter:
                 max_pending_bytes=max_pending_bytes, max_trace_bytes=max_trace_bytes,
                 on_full=on_full, redact_prompts=redact_prompts, pickle_opaque=pickle_opaque,
                 process=False)
+        self._lock = liveness.hold(self.dir)
         self.flush_steps = flush_steps
         self.flush_seconds = flush_seconds
         self.max_pending = max_pending
@@ -387,6 +388,8 @@ class TraceWriter:
                 self._reserve.release()
                 self._reserve = None
             self._write_manifest()
+            liveness.release(self._lock, self.dir)
+            self._lock = None
 
     def fail(self, e: BaseException) -> None:
         """From the engine thread: recording is disabled; the writer notes why in the manifest

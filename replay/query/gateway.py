@@ -136,7 +136,9 @@ class Gateway:
                 "vllm_version": m.get("vllm_version"),
                 "steps_recorded": m.get("steps_recorded"), "pruned_steps": pruned_steps(m),
                 "stopped_after_step": (m.get("stopped") or {}).get("after_step"),
-                "stopped_error": (m.get("stopped") or {}).get("error")}
+                "stopped_error": (m.get("stopped") or {}).get("error"),
+                # its recorder still writes it (a lock it holds; core/liveness.py)
+                "recording": e.recording is True}
 
     def is_materialized(self, view: str) -> bool:
         return view in self._materialized

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from vllm_contract import schema
 from vllm_contract.errors import TraceError
+from vllm_contract.manifest import mid_stream_note
 from vllm_contract.trace import Trace, reading
 
 # The checks on the recording's own integrity whose findings `info` lists too: `info` and
@@ -92,7 +93,13 @@ def _engine_summary(e, checked: list[str] | None, con) -> dict:
         where = "before its first step" if at is None else f"after step {at}"
         integrity.append(f"recording stopped {where}: {stopped.get('error')}")
     elif not m.get("closed_cleanly"):
-        integrity.append("not closed cleanly (recorder still running, or the process died)")
+        live = e.recording
+        integrity.append(
+            f"still being recorded (the recorder, pid {m.get('pid')}, is alive): what is "
+            "flushed so far" if live else
+            f"not closed cleanly: the recording process (pid {m.get('pid')}) died"
+            if live is False else
+            "not closed cleanly (recorder still running, or the process died)")
     for err in m.get("recorder_errors", []):
         integrity.append(f"recorder error: {err.get('error')}")
     for w in m.get("compaction_warnings", []):
@@ -103,7 +110,7 @@ def _engine_summary(e, checked: list[str] | None, con) -> dict:
                else "the writer fell behind")
         integrity.append(f"steps {a}..{b} dropped ({why})")
     if m.get("attached_mid_stream"):
-        integrity.append("attached mid-stream: the worker held requests introduced before step 0")
+        integrity.append(mid_stream_note(m))
     lo, hi, distinct, t_min, t_max, tokens = _step_stats(steps, con)
     if lo is not None:  # some step has a number
         expected = hi - lo + 1

@@ -147,7 +147,12 @@ def test_missing_directory(tmp_path):
 
 def test_empty_directory(tmp_path):
     (tmp_path / "empty").mkdir()
-    assert_clean_failure(invoke("info", tmp_path / "empty"))
+    assert ": empty: " in assert_clean_failure(invoke("info", tmp_path / "empty"))
+    # files, but no trace: not called empty
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("x")
+    line = assert_clean_failure(invoke("info", tmp_path / "other"))
+    assert ": not a vllm-contract trace: " in line and ": empty" not in line
 
 
 def test_random_bytes_manifest(tmp_path):

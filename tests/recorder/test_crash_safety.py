@@ -102,3 +102,6 @@ def test_sigkill_keeps_every_flushed_step(tiny_model, tmp_path, writer):
     if writer == "process":
         assert "ended without closing" in t.engines[0].manifest["ended_by"]
     assert any("not closed cleanly" in i for i in s["integrity"])
+    if writer == "thread":  # the writer died with the process, its lock with it
+        assert t.engines[0].recording is False
+        assert any("died" in i for i in s["integrity"]), s["integrity"]
