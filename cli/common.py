@@ -30,6 +30,43 @@ def fail(msg: object) -> NoReturn:
     raise typer.Exit(ExitCode.UNUSABLE)
 
 
+class Progress:
+    """Progress on stderr: one line redrawn on a terminal; into a file or a pipe (a CI log),
+    plain lines, at most one every `every` seconds, and the last one at the end."""
+
+    def __init__(self, every: float = 10.0) -> None:
+        import sys
+
+        self.tty = sys.stderr.isatty()
+        self.every = every
+        self.shown = False
+        self.pending: str | None = None
+        self._at = float("-inf")
+
+    def show(self, text: str) -> None:
+        import time
+
+        if self.tty:
+            typer.echo(f"\r{text}", err=True, nl=False)
+            self.shown = True
+            return
+        now = time.monotonic()
+        if now - self._at >= self.every:
+            err(text)
+            self._at, self.pending = now, None
+        else:
+            self.pending = text
+
+    def end(self) -> None:
+        """Ends the line on a terminal (so that what follows starts its own); elsewhere the
+        last state not yet written."""
+        if self.tty and self.shown:
+            typer.echo("", err=True)
+        elif self.pending is not None:
+            err(self.pending)
+        self.shown, self.pending = False, None
+
+
 def quiet_vllm() -> None:
     """Before vLLM is first imported by a command that builds an engine: its log goes to stderr,
     since stdout carries the command's data (JSON must parse), and, unless the user chose a

@@ -20,7 +20,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from vllm_contract.cli.common import ExitCode, err, fail, warn
+from vllm_contract.cli.common import ExitCode, Progress, err, fail, warn
 
 app = typer.Typer()
 
@@ -323,6 +323,7 @@ def attach(
 def _wait_for_end(started: list[tuple[dict, int]], steps: Optional[int]) -> None:
     """Poll the engines this attach started until each recording has ended and been sealed."""
     last_line = ""
+    bar = Progress()
     procs = {id(p): p for p, _ in started}
     wanted = {(id(p), index) for p, index in started}
     while True:
@@ -339,11 +340,10 @@ def _wait_for_end(started: list[tuple[dict, int]], steps: Optional[int]) -> None
             break
         line = f"recorded {counts}" + (f"/{steps * len(states)}" if steps else "") + " steps"
         if line != last_line:
-            typer.echo(f"\r{line}", err=True, nl=False)
+            bar.show(line)
             last_line = line
         time.sleep(0.5)
-    if last_line:
-        typer.echo("", err=True)
+    bar.end()
     bad = False
     for last in lasts:
         if last:

@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from vllm_contract.cli.common import fail, warn
+from vllm_contract.cli.common import Progress, fail, warn
 from vllm_contract.errors import TraceError
 
 app = typer.Typer()
@@ -95,16 +95,16 @@ def compact(trace: Annotated[Path, typer.Argument(help="Trace directory.")]) -> 
         t = _open(trace)
         total = segment_count(t)
         done = [0]
+        bar = Progress()
 
         def progress(path: Path) -> None:
             done[0] += 1
-            typer.echo(f"\rcompacting {done[0]}/{total}", err=True, nl=False)
+            bar.show(f"compacting {done[0]}/{total}")
 
         try:
             stats = do_compact(t, progress)
         finally:
-            if done[0]:  # end the progress line, so that an error starts its own
-                typer.echo("", err=True)
+            bar.end()
         if t.source is not None:  # compacted in a local copy: the remote trace takes it
             from vllm_contract import remote
 

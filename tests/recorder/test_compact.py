@@ -76,6 +76,9 @@ def test_compact_is_lossless_and_idempotent(trace):
     assert re.search(rf"^compacted {len(streams)} segment\(s\)", r.stdout, re.M), r.stdout
     assert "live" not in r.stdout
     assert not [ln for ln in r.stderr.splitlines() if "warning" in ln or "error" in ln]
+    # stderr is no terminal here (a log, a pipe): progress in plain lines, the last one whole
+    assert "\r" not in r.stderr
+    assert r.stderr.splitlines()[-1] == f"compacting {len(streams)}/{len(streams)}"
 
     assert files(trace, schema.SEGMENT_SUFFIX) == []
     parquet = files(trace, schema.PARQUET_SUFFIX)
