@@ -40,7 +40,10 @@ def _fmt_ns(ns: int | None) -> str:
 
 @app.command()
 def info(trace: Annotated[Path, typer.Argument(help="Trace directory (a root or one engine).")],
-         format: Annotated[InfoFormat, typer.Option("--format", "-f")] = InfoFormat.table) -> None:
+         format: Annotated[InfoFormat, typer.Option("--format", "-f")] = InfoFormat.table,
+         views: Annotated[bool, typer.Option(
+             "--views", help="Also count the rows of the derived views (lifeline, runs, ...): "
+                             "on a long trace that costs what a check does.")] = False) -> None:
     """Manifest, step and request counts, time span, batches in flight, vLLM version, fields
     seen, integrity."""
     from vllm_contract.replay.query.gateway import Gateway
@@ -48,9 +51,10 @@ def info(trace: Annotated[Path, typer.Argument(help="Trace directory (a root or 
 
     try:
         t = _open(trace)
-        with Gateway(t) as gw:  # the SQL views `sql` and `check` see, all engines together
+        # the SQL views `sql` and `check` see, all engines together
+        with Gateway(t, derived=views) as gw:
             s = summary(t, gw)  # its integrity checks are `check`'s
-            s["views"] = gw.counts()
+            s["views"] = gw.counts(derived=views)
     except TraceError as e:
         fail(e)
     for e in s["engines"]:

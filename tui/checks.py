@@ -1,8 +1,8 @@
 """The invariant catalog and its checker, for the findings pane: each finding with its
 invariant's title, why it matters and the vLLM code that relies on it.
 
-The checks run on a Gateway of their own: the checker stores shared views as temporary tables
-of its connection, which the app's per-thread cursors could not see."""
+The checks run on a Gateway of their own, one check at a time: the views the checker stores
+and the interrupts of a closing app are then the checks' alone."""
 
 from __future__ import annotations
 

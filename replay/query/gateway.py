@@ -28,8 +28,12 @@ from vllm_contract.replay.query.views import (DROPPED_SCHEMA, ENGINES_SCHEMA, IN
 class Gateway:
     """Owns the DuckDB connection for one trace (a root or one engine directory)."""
 
-    def __init__(self, trace: Trace | str | Path, memory_limit: str | None = None) -> None:
+    def __init__(self, trace: Trace | str | Path, memory_limit: str | None = None,
+                 derived: bool = True) -> None:
+        """`derived` False: the trace's tables and the manifest's views only (what `info`
+        reads), without binding the derived views' chain."""
         self.trace = trace if isinstance(trace, Trace) else open_trace(trace)
+        self.derived = derived
         self._spill = tempfile.mkdtemp(prefix="vllm-contract-duckdb-")
         # Removed at close(), or when the gateway is collected or the interpreter exits.
         self._remove_spill = weakref.finalize(self, shutil.rmtree, self._spill, True)
@@ -111,7 +115,7 @@ class Gateway:
         for view in ("engines", "dropped", "integrity"):
             self.con.execute(f"CREATE VIEW {view} AS SELECT * REPLACE "
                              f"(CAST(engine AS engine_name) AS engine) FROM _{view}")
-        for view_sql in derived_sql([e.name for e in self.trace.engines]):
+        for view_sql in derived_sql([e.name for e in self.trace.engines]) if self.derived else ():
             self.con.execute(view_sql)
 
     def _register(self, name: str, sch: pa.Schema, rows: list[dict]) -> None:
@@ -153,7 +157,8 @@ class Gateway:
             # the rows' order means nothing here; keeping it made `runs` 20 % slower to store
             self.con.execute("SET preserve_insertion_order = false")
             try:
-                self.con.execute(f"CREATE TEMP TABLE _mat_{view} AS SELECT * FROM {view}")
+                # in the database, not TEMP: the checks' cursors read it too
+                self.con.execute(f"CREATE TABLE _mat_{view} AS SELECT * FROM {view}")
             finally:
                 self.con.execute("RESET preserve_insertion_order")
             self.con.execute(f"CREATE OR REPLACE VIEW {view} AS SELECT * FROM _mat_{view}")
@@ -169,8 +174,8 @@ class Gateway:
         """A connection for another thread (DuckDB: one cursor per thread), seeing the same
         views. A cursor is a connection of its own: the Arrow tables registered on the main one
         (live segments, `engines`, `dropped`, `integrity`) are registered on it too, without a
-        copy. Views materialised before (`materialize`) are temporary tables of the main
-        connection, which a cursor does not see: materialise on the connection that reads."""
+        copy. Views materialised (`materialize`) are tables of the database, which every
+        cursor sees."""
         cur = self.con.cursor()
         try:
             for name, table in self._arrow.items():
@@ -192,13 +197,21 @@ class Gateway:
     def interrupt(self) -> None:
         self.con.interrupt()
 
-    def counts(self) -> dict[str, int]:
-        # the shared derived views stored first: counted as views, `runs` alone recomputed
-        # run_groups and its window (18 s for all counts at a million steps, against 7)
-        for needed in SHARED_VIEWS.values():
-            for view in needed:
-                self.materialize(view)
-        return {v: self.sql(f"SELECT COUNT(*) AS n FROM {v}")["n"][0].as_py() for v in self.views}
+    def counts(self, derived: bool = False) -> dict[str, int]:
+        """Rows of each view: the trace's tables and the manifest's (engines, dropped,
+        integrity); with `derived`, also the views computed from them, which cost what a
+        check of the whole trace costs."""
+        base = {*schema.TABLE_NAMES, "engines", "dropped", "integrity"}
+        if derived and not self.derived:
+            raise TraceError("the derived views were not created (Gateway(derived=False))")
+        views = [v for v in self.views if derived or v in base]
+        if derived:
+            # the shared derived views stored first: counted as views, `runs` alone recomputed
+            # run_groups and its window (bench/RESULTS.md)
+            for needed in SHARED_VIEWS.values():
+                for view in needed:
+                    self.materialize(view)
+        return {v: self.sql(f"SELECT COUNT(*) AS n FROM {v}")["n"][0].as_py() for v in views}
 
     def close(self) -> None:
         self.con.close()

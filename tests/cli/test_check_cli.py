@@ -152,13 +152,18 @@ def test_sql_command_and_views(tiny_model, tmp_path):
 
 def test_info_reports_view_counts(tiny_model, tmp_path):
     scenarios.run("preemption", tiny_model, tmp_path)
-    r = CliRunner().invoke(app, ["info", str(tmp_path), "--format", "json"])
+    r = CliRunner().invoke(app, ["info", str(tmp_path), "--format", "json", "--views"])
     assert r.exit_code == 0
     views = json.loads(r.stdout)["views"]
     t = open_trace(tmp_path)
     for table in schema.TABLE_NAMES:
         assert views[table] == t.read(table).num_rows, table
     assert views["lifeline"] == views["instances"] == 6 and views["engines"] == 1
+    # without --views, the tables' counts alone: the derived views are not computed
+    r = CliRunner().invoke(app, ["info", str(tmp_path), "--format", "json"])
+    plain = json.loads(r.stdout)["views"]
+    assert plain == {k: v for k, v in views.items() if k in plain}
+    assert set(schema.TABLE_NAMES) <= set(plain) and "lifeline" not in plain
 
 
 def test_sql_interactive_prompt(tiny_model, tmp_path):

@@ -66,3 +66,16 @@ def test_async_sample_has_batches_in_flight():
 def test_clean_sample_checks_clean(name):
     result = CliRunner().invoke(app, ["check", str(SAMPLES / name), "--fail-on", "warning"])
     assert result.exit_code == 0, result.stdout
+
+
+def test_checks_side_by_side_find_what_one_at_a_time_finds():
+    """The checker runs checks on two cursors at once: the same report as one after another,
+    on every sample (the broken ones have findings of several checks)."""
+    from vllm_contract.replay.query import catalog, checker
+    from vllm_contract.replay.query.gateway import Gateway
+
+    invs = catalog.load()
+    for sample in sorted(p for p in SAMPLES.iterdir() if p.is_dir()):
+        with Gateway(sample) as a, Gateway(sample) as b:
+            one, two = checker.run(a, invs, workers=1), checker.run(b, invs, workers=2)
+        assert one == two, sample.name
