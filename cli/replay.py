@@ -93,8 +93,6 @@ def replay(
             while s.position < end and not stop.is_set():
                 if any(lo <= f.step <= hi for f in s.step() if f.step is not None):
                     stop.set()
-        if s.position == len(s.steps) and not stop.is_set():
-            s.worker.finish()
         replayed += s.position
         found.extend(f for f in s.findings if f.step is not None and lo <= f.step <= hi)
         if stop.is_set():

@@ -23,8 +23,8 @@ from typing import Callable
 from vllm_contract import schema
 from vllm_contract.errors import TraceError
 from vllm_contract.findings import Finding
-from vllm_contract.manifest import mid_stream_note
-from vllm_contract.replay.worker.shadow import ShadowWorker
+from vllm_contract.replay.worker.base import Worker
+from vllm_contract.replay.worker.shadow_session import ShadowSession
 from vllm_contract.trace import Trace, open_trace
 
 Progress = Callable[[int, int], None]
@@ -45,34 +45,23 @@ class Session:
     `position` is the number of steps applied (0: none); `step()` applies the next one,
     `back()` undoes the last, `goto(n)` reaches position n. `findings` are the worker's so far
     (those only the trace's end tells come once the last step is applied); `divergences` are a
-    real worker's departures from the recorded outputs (always empty for the shadow)."""
+    real worker's departures from the recorded outputs (always empty for the shadow). The
+    worker is any Worker (replay/worker/base.py); this class knows none of their insides."""
 
     def __init__(self, trace: Trace | str | Path, worker: str = "shadow",
                  engine: str | None = None, strict_order: bool = False,
                  checkpoint_every: int = 256, model: str | None = None,
                  force_recorded_tokens: bool = False, allow_crash: bool = False,
                  llm=None) -> None:
-        if worker not in ("shadow", "vllm"):
+        if worker not in WORKERS:
             raise TraceError(f"unknown worker {worker!r}: 'shadow' or 'vllm'")
         self.trace = trace if isinstance(trace, Trace) else open_trace(trace)
         self.kind = worker
-        if worker == "vllm":
-            from vllm_contract.replay.worker.real_run import RealSession
-
-            self.worker = RealSession(self.trace, engine, model, force_recorded_tokens,
-                                      allow_crash, llm)
-            self.engine = self.worker.engine
-            return
-        engines = {e.name: e for e in self.trace.engines}
-        if engine is None:
-            engine = self.trace.engines[0].name
-        engine = schema.plain_engine(engine)
-        if engine not in engines:
-            raise TraceError(f"no engine {engine!r} in the trace (it has "
-                             f"{', '.join(engines)})")
-        self.engine = engine
-        self.worker = ShadowWorker(engines[engine], strict_order=strict_order,
-                                   checkpoint_every=checkpoint_every)
+        self.worker: Worker = WORKERS[worker](
+            self.trace, engine, strict_order=strict_order, checkpoint_every=checkpoint_every,
+            model=model, force_recorded_tokens=force_recorded_tokens, allow_crash=allow_crash,
+            llm=llm)
+        self.engine = self.worker.engine
 
     @property
     def steps(self) -> list[int]:
@@ -81,7 +70,7 @@ class Session:
 
     @property
     def position(self) -> int:
-        return self.worker.pos if self.kind == "vllm" else self.worker.s.pos
+        return self.worker.position
 
     @property
     def findings(self) -> list[Finding]:
@@ -91,30 +80,18 @@ class Session:
     def divergences(self) -> list:
         """A real worker's token divergences so far (Divergence: step, req_id, recorded,
         replayed); always empty for the shadow worker."""
-        return list(getattr(self.worker, "divergences", []))
+        return list(self.worker.divergences)
 
     @property
     def notes(self) -> list[str]:
         """What the replay cannot compare or reproduce: a trace begun mid-stream; for a real
         worker, requests not compared and warm-ups."""
-        if self.kind == "vllm":
-            return list(self.worker.notes)
-        note = mid_stream_note(self.worker.manifest)
-        return [note] if note else []
-
-    def _settle(self) -> None:
-        if self.worker.done:
-            self.worker.finish()
+        return list(self.worker.notes)
 
     def step(self) -> list:
         """Apply the next step; its findings (and, after the last, the end-of-trace ones), or
         with a real worker its divergences and crash findings."""
-        if self.kind == "vllm":
-            return self.worker.step()
-        if self.worker.done:
-            return []
-        found = self.worker.step()
-        return found + (self.worker.finish() if self.worker.done else [])
+        return self.worker.step()
 
     def back(self) -> None:
         self.goto(self.position - 1)
@@ -123,14 +100,7 @@ class Session:
         """Reach position n (clamped to 0..len(steps)); False if cancelled on the way (the
         session then stands where it stopped)."""
         n = max(0, min(n, len(self.steps)))
-        if self.kind == "vllm":
-            return self.worker.goto(n, progress, _cancelled(cancel))
-        if n < self.position or self.worker._finished:
-            self.worker.goto(n)
-        ok = self.worker.run(until=n, progress=progress, cancel=_cancelled(cancel))
-        if ok:
-            self._settle()
-        return ok
+        return self.worker.goto(n, progress, _cancelled(cancel))
 
     def run(self, progress: Progress | None = None, cancel: Cancel = None) -> bool:
         """To the end; False if cancelled."""
@@ -139,3 +109,25 @@ class Session:
     def state(self) -> dict:
         """The worker's state at this position, as plain data (JSON-ready)."""
         return self.worker.state()
+
+
+def _shadow(trace: Trace, engine: str | None, strict_order: bool = False,
+            checkpoint_every: int = 256, **_real_only) -> Worker:
+    engines = {e.name: e for e in trace.engines}
+    name = trace.engines[0].name if engine is None else schema.plain_engine(engine)
+    if name not in engines:
+        raise TraceError(f"no engine {name!r} in the trace (it has {', '.join(engines)})")
+    return ShadowSession(engines[name], strict_order=strict_order,
+                         checkpoint_every=checkpoint_every)
+
+
+def _real(trace: Trace, engine: str | None, model: str | None = None,
+          force_recorded_tokens: bool = False, allow_crash: bool = False, llm=None,
+          **_shadow_only) -> Worker:
+    from vllm_contract.replay.worker.real_run import RealSession
+
+    return RealSession(trace, engine, model, force_recorded_tokens, allow_crash, llm)
+
+
+# worker name -> how to build it for an engine of a trace
+WORKERS: dict[str, Callable[..., Worker]] = {"shadow": _shadow, "vllm": _real}

@@ -249,7 +249,7 @@ class RealSession:
         return self.w.steps
 
     @property
-    def pos(self) -> int:
+    def position(self) -> int:
         return self.w.pos
 
     @property

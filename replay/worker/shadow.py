@@ -718,6 +718,11 @@ class ShadowWorker:
     def findings(self) -> list[Finding]:
         return self.s.findings
 
+    @property
+    def finished(self) -> bool:
+        """finish() has reported the end-of-trace findings (undone by going back)."""
+        return self._finished
+
     def run(self, until: int | None = None, progress: Callable[[int, int], None] | None = None,
             cancel: Callable[[], bool] | None = None) -> bool:
         """Apply steps up to index `until` (exclusive; default all, then finish()); False if
