@@ -121,13 +121,11 @@ def _render_junit(report, invariants, fail_on: str) -> str:
 
 
 def _add_worker_findings(report, trace: Path) -> None:
-    from vllm_contract.replay.worker.shadow import SAME_AS, run_shadow
+    from vllm_contract.kinds import without_repeats
+    from vllm_contract.replay.worker.shadow import run_shadow
     from vllm_contract.trace import open_trace
 
-    said = {(f.engine, f.step, f.req_id, f.invariant) for f in report.findings}
-    for f in run_shadow(open_trace(trace)):
-        if (f.engine, f.step, f.req_id, SAME_AS.get(f.invariant)) not in said:
-            report.findings.append(f)
+    report.findings = without_repeats(report.findings, run_shadow(open_trace(trace)))
     report.ran.append("worker.shadow")
     report.findings.sort(key=lambda f: f.sort_key())
 

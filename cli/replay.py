@@ -156,7 +156,7 @@ def _replay_real(trace: Path, engine: str | None, start: int | None, until: int 
                        "their recorded context", err=True)
         for f in found:
             who = f" req {f.req_id}" if f.req_id else ""
-            typer.echo(f"{f.severity.upper():7} {f.invariant}  step {f.step}{who}: {f.message}")
+            typer.echo(f"{f.severity.upper():7} {f.invariant}  step {f.step}{who}: {f.details}")
         if res.crash and res.crash.get("traceback"):
             typer.echo(res.crash["traceback"].rstrip(), err=True)
         typer.echo(f"{res.steps_replayed} of {len(p.steps)} step(s) replayed into a vLLM "

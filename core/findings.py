@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 SEVERITIES = ("error", "warning", "info")  # most severe first
 RANK = {s: i for i, s in enumerate(reversed(SEVERITIES))}  # info 0, warning 1, error 2
@@ -12,16 +12,24 @@ COLUMNS = ["invariant", "severity", "engine", "step", "req_id", "message"]  # CS
 
 @dataclass
 class Finding:
+    """`title` is the kind's (the catalog check's, or core/kinds.py's), `details` this one's;
+    `message` joins them as the JSON output has always carried them."""
     invariant: str
     severity: str
     step: int | None
     req_id: str | None
-    message: str
+    details: str
     engine: str | None = None
     title: str = ""
 
+    @property
+    def message(self) -> str:
+        return f"{self.title}: {self.details}" if self.title else self.details
+
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {"invariant": self.invariant, "severity": self.severity, "step": self.step,
+                "req_id": self.req_id, "message": self.message, "engine": self.engine,
+                "title": self.title}
 
     def sort_key(self) -> tuple:
         return (-RANK[self.severity], self.invariant, self.engine or "",

@@ -17,6 +17,7 @@ from textual.widgets import Footer, Static, TabbedContent, TabPane
 from textual.worker import Worker, WorkerState, get_current_worker
 from vllm_contract.errors import TraceError
 from vllm_contract.findings import Finding
+from vllm_contract.kinds import without_repeats
 from vllm_contract.replay import Gateway, Session
 from vllm_contract.tui import checks, keys
 from vllm_contract.tui import messages as m
@@ -36,7 +37,6 @@ from vllm_contract.tui.worker_pane import WorkerPane
 REST_DELAY = 0.06
 FINDINGS_AHEAD = 3  # steps with a finding whose pages are fetched ahead of `n`
 PROGRESS_EVERY = 0.05  # seconds between two progress messages of a replay
-PANES = ("detail", "findings", "request", "worker", "sql")
 
 
 def _live() -> bool:
@@ -114,7 +114,7 @@ class ContractApp(App):
 
     def status(self, extra: str = "") -> None:
         n = len(self.steps.steps)
-        found = (f"{len(self.findings) + len(self.worker_findings)} finding(s)" if self.checked
+        found = (f"{len(self.all_findings())} finding(s)" if self.checked
                  else "checking…" if self.run_checks else "catalog not run")
         self.query_one("#status", Static).update(
             f"{self.data.root.name} · {self.data.engine} · {n} steps · {found} · "
@@ -302,7 +302,7 @@ class ContractApp(App):
     def on_detail_loaded(self, msg: m.DetailLoaded) -> None:
         if msg.detail.step != self.steps.step:
             return
-        here = [f for f in self.findings + self.worker_findings if f.step == msg.detail.step]
+        here = [f for f in self.all_findings() if f.step == msg.detail.step]
         self.query_one(DetailPane).show(msg.detail, here)
 
     def on_charts_loaded(self, msg: m.ChartsLoaded) -> None:
@@ -319,11 +319,16 @@ class ContractApp(App):
             self._jump_to_named(self.start_finding)
         pane = self.query_one(DetailPane)
         if pane.detail is not None:
-            pane.show(pane.detail, [f for f in self.findings + self.worker_findings
+            pane.show(pane.detail, [f for f in self.all_findings()
                                     if f.step == pane.detail.step])
 
+    def all_findings(self) -> list[Finding]:
+        """The catalog's and the worker's, less the worker's that repeat a catalog finding
+        (as `check --worker` reports them)."""
+        return without_repeats(self.findings, self.worker_findings)
+
     def _remark(self) -> None:
-        steps = {f.step for f in self.findings + self.worker_findings if f.step is not None}
+        steps = {f.step for f in self.all_findings() if f.step is not None}
         self.finding_steps = sorted(steps)
         self.steps.mark(steps)
         self.status()

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vllm_contract.findings import Finding
+from vllm_contract.kinds import KINDS
 from vllm_contract.replay import Gateway, load_catalog, run_checks
 
 
@@ -21,8 +22,11 @@ class Explanation:
 
 
 def explanations() -> dict[str, Explanation]:
-    """Invariant id -> what its catalog header says."""
-    return {i.id: Explanation(i.title, i.why, i.relies_on, i.severity) for i in load_catalog()}
+    """Finding kind -> what its catalog header (or, for a worker's, core/kinds.py) says."""
+    out = {k.id: Explanation(k.title, k.why, k.relies_on, k.severity) for k in KINDS.values()}
+    out.update({i.id: Explanation(i.title, i.why, i.relies_on, i.severity)
+                for i in load_catalog()})
+    return out
 
 
 def known_ids() -> set[str]:

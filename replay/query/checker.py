@@ -61,8 +61,8 @@ def run(gateway: Gateway, invariants: list[Invariant],
             findings.append(Finding(
                 invariant=inv.id, severity=inv.severity,
                 step=None if row["step"] is None else int(row["step"]),
-                req_id=row["req_id"], message=f"{inv.title}: {row['details']}",
-                engine=row["engine"], title=inv.title))
+                req_id=row["req_id"], details=row["details"], engine=row["engine"],
+                title=inv.title))
     if progress:
         progress(len(invariants), len(invariants), "")
     findings.sort(key=Finding.sort_key)

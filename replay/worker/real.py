@@ -22,15 +22,9 @@ from typing import Any, Callable
 
 from vllm_contract.errors import TraceError
 from vllm_contract.findings import Finding
+from vllm_contract.kinds import KINDS
 from vllm_contract.replay.worker.plan import Plan
 from vllm_contract.replay.worker.warmup import Ledger, warmup_steps, why_not
-
-# shadow findings at which vLLM's worker raises (or indexes out of its batch) rather than
-# computing something wrong: a replay stops before them unless allowed to crash
-CRASHES = frozenset({"worker.unknown_cached", "worker.unknown_scheduled",
-                     "worker.resumed_without_table", "worker.encoder_output_missing"})
-DIVERGENCE = "replay.token_divergence"
-
 
 @dataclass
 class Divergence:
@@ -43,9 +37,8 @@ class Divergence:
         return asdict(self)
 
     def finding(self, engine: str | None = None) -> Finding:
-        return Finding(DIVERGENCE, "error", self.step, self.req_id,
-                       f"recorded {self.recorded}, replayed {self.replayed}", engine,
-                       "the real worker sampled other tokens than the recorded ones")
+        return KINDS["replay.token_divergence"].finding(
+            self.step, self.req_id, f"recorded {self.recorded}, replayed {self.replayed}", engine)
 
 
 def _runner(worker: Any) -> Any:

@@ -17,8 +17,9 @@ from typing import Any, Callable
 
 from vllm_contract.errors import TraceError
 from vllm_contract.findings import Finding
+from vllm_contract.kinds import CRASHES, KINDS
 from vllm_contract.replay.worker.plan import Plan, pick_engine, plan
-from vllm_contract.replay.worker.real import CRASHES, Divergence
+from vllm_contract.replay.worker.real import Divergence
 from vllm_contract.replay.worker.shadow import ShadowWorker
 
 Progress = Callable[[int, int], None]
@@ -88,15 +89,14 @@ def prepare(trace, engine: str | None, model: str | None, start: int | None,
 
 
 def _would_crash(f: Finding) -> Finding:
-    return Finding("replay.would_crash", "error", f.step, f.req_id,
-                   f"not run: the shadow worker says the real worker raises here "
-                   f"({f.invariant}: {f.message}); --allow-crash runs it in a child process",
-                   f.engine, "a step the real worker would crash on")
+    return KINDS["replay.would_crash"].finding(
+        f.step, f.req_id, f"not run: the shadow worker says the real worker raises here "
+        f"({f.invariant}: {f.message}); --allow-crash runs it in a child process", f.engine)
 
 
 def _crashed(engine: str, step: int | None, error: str) -> Finding:
-    return Finding("replay.crash", "error", step, None, f"the real worker failed: {error}",
-                   engine, "the real worker crashed")
+    return KINDS["replay.crash"].finding(step, None, f"the real worker failed: {error}",
+                                         engine)
 
 
 def _start(p: Plan, force: bool, llm: Any = None):

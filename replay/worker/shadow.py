@@ -21,39 +21,8 @@ import pyarrow.parquet as pq
 from vllm_contract import schema
 from vllm_contract.errors import TraceError
 from vllm_contract.findings import Finding
+from vllm_contract.kinds import KINDS
 from vllm_contract.trace import regular_file
-
-# id -> (severity, title); all errors: each is a crash or silently wrong KV / tokens
-FINDINGS = {
-    "worker.unknown_cached": (
-        "error", "a cached request the worker does not hold (KeyError in _update_states)"),
-    "worker.unknown_scheduled": (
-        "error", "tokens scheduled for a request the worker does not hold in its batch"),
-    "worker.resumed_without_table": (
-        "error", "a resumed request without a whole block table"),
-    "worker.stale_table_append": (
-        "error", "new blocks appended to the stale table of a preempted request"),
-    "worker.encoder_output_missing": (
-        "error", "an encoder output the worker must read is no longer cached"),
-    "worker.block_shared": (
-        "error", "a block given to a request while another live request holds it"),
-    "worker.output_order": (
-        "error", "the model output's request ids differ from the worker's persistent batch"),
-    "worker.never_freed": (
-        "error", "a finished request's state is never freed in the worker"),
-}
-# the catalog's check that says the same thing at the same (step, req_id): `check --worker
-# shadow` keeps only the catalog's finding there
-SAME_AS = {
-    "worker.unknown_cached": "lifecycle.unknown_cached",
-    "worker.unknown_scheduled": "tokens.unlisted_request",
-    "worker.resumed_without_table": "lifecycle.resumed_without_blocks",
-    "worker.stale_table_append": "lifecycle.preempted_not_resumed",
-    "worker.encoder_output_missing": "encoder.freed_while_needed",
-    "worker.block_shared": "blocks.double_owner",
-    "worker.output_order": "outputs.ids_mismatch",
-    "worker.never_freed": "finished.leaked",
-}
 
 # the tables the worker reads, and their columns; `scheduled` and `model_outputs` (a row per
 # request per step) are kept as numpy columns, the others, a row per event, as Python lists
@@ -775,10 +744,7 @@ class ShadowWorker:
             self._cp_keys = sorted(self._checkpoints)
 
     def _report(self, inv: str, step: int, req_id: str | None, details: str) -> None:
-        sev, title = FINDINGS[inv]
-        self.s.findings.append(Finding(invariant=inv, severity=sev, step=step, req_id=req_id,
-                                       message=f"{title}: {details}", engine=self.engine,
-                                       title=title))
+        self.s.findings.append(KINDS[inv].finding(step, req_id, details, self.engine))
 
     def _chunk(self, k: int) -> _Chunk:
         k0 = k - k % CHUNK_STEPS

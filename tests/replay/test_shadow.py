@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from vllm_contract.replay.worker.shadow import FINDINGS, ShadowWorker, run_shadow
+from vllm_contract.kinds import KINDS
+from vllm_contract.replay.worker.shadow import ShadowWorker, run_shadow
 from vllm_contract.rig import breaks, scenarios
 from vllm_contract.trace import open_trace
 
@@ -54,7 +55,7 @@ def test_long_run_has_no_worker_findings(tiny_model, tmp_path, monkeypatch):
 def test_broken_samples_first_finding(sample, want):
     found = shadow(SAMPLES / sample)
     assert (found[0].invariant, found[0].step, found[0].req_id) == want
-    assert all(f.severity == FINDINGS[f.invariant][0] for f in found)
+    assert all(f.severity == KINDS[f.invariant].severity for f in found)
 
 
 def test_unknown_cached_follows_the_forgotten_request():
