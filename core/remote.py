@@ -20,8 +20,6 @@ from pathlib import Path, PurePosixPath
 from vllm_contract import schema
 from vllm_contract.errors import TraceError
 
-SCHEMES = ("s3://",)
-
 
 def as_url(path: str | os.PathLike) -> str | None:
     """The remote URL a path names, or None for a local path. A `Path` made from

@@ -175,8 +175,6 @@ class EngineTrace:
         self.problems.extend(p for p in damaged if p not in self.problems)
         return part
 
-    _segment = segment
-
     def verify(self, path: Path) -> bool:
         """Whether a Parquet segment's pages pass their checksums (its columns are checked
         too), without keeping its rows: the SQL side lets DuckDB read it, which checks neither.

@@ -22,9 +22,6 @@ PAGE = 128  # rows of the steps list fetched at once
 class Interrupted(Exception):
     """A query stopped because a newer one of its kind, or the person, superseded it."""
 
-STEP_COLUMNS = ("step", "t_ns", "new", "cached", "resumed", "tokens", "finished", "preempted",
-                "running", "waiting", "kv_usage")
-
 
 def lit(s: str) -> str:
     """A string as an SQL literal (the gateway takes no parameters)."""

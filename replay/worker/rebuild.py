@@ -25,7 +25,6 @@ from vllm_contract.plain import DICT_TAG, is_opaque
 from vllm_contract.replay.worker import canonical
 from vllm_contract.replay.worker.plan import step_ranges
 
-CONTRACT = ("SchedulerOutput", "NewRequestData", "CachedRequestData")
 # Per-request dicts of a SchedulerOutput: the trace keeps their entries, not their order.
 _PER_REQUEST = ("num_scheduled_tokens", "scheduled_spec_decode_tokens",
                 "scheduled_encoder_inputs", "num_invalid_spec_tokens")
