@@ -28,60 +28,21 @@ import os
 import queue
 import selectors
 import socket
-import stat
 import struct
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 
-from vllm_contract.recorder.settings import RUN_DIR
+# ControlError stays importable from here: the command line catches it from control's calls,
+# and the run dir's checks raise it too
+from vllm_contract.recorder.rundir import (ControlError, check_run_dir, ensure_run_dir,
+                                           remove_quietly, run_dir)
 
 log = logging.getLogger("vllm.vllm_contract")  # under vLLM's logger: our lines join its log
 
 _PEERCRED = struct.Struct("3i")  # pid, uid, gid
 MAX_MESSAGE = 1 << 20
-
-
-class ControlError(Exception):
-    """Talking to an engine failed; the message is one line for the user."""
-
-
-def run_dir() -> Path:
-    env = os.environ.get(RUN_DIR)
-    if env:
-        return Path(env)
-    xdg = os.environ.get("XDG_RUNTIME_DIR")
-    if xdg and os.path.isdir(xdg):
-        return Path(xdg) / "vllm-contract"
-    return Path(tempfile.gettempdir()) / f"vllm-contract-{os.getuid()}"
-
-
-def check_run_dir(d: Path) -> Path:
-    """The directory must be ours and closed to everyone else."""
-    try:
-        st = os.lstat(d)
-    except FileNotFoundError:
-        raise ControlError(f"{d}: no such directory") from None
-    if not stat.S_ISDIR(st.st_mode):
-        raise ControlError(f"{d}: not a directory (a symlink?): refusing to use it")
-    if st.st_uid != os.getuid():
-        raise ControlError(f"{d}: owned by uid {st.st_uid}, not {os.getuid()}: refusing to use it")
-    if st.st_mode & 0o077:
-        raise ControlError(f"{d}: mode {stat.S_IMODE(st.st_mode):04o}, must be 0700 (other "
-                           "users could reach the engines' sockets): refusing to use it")
-    return d
-
-
-def ensure_run_dir() -> Path:
-    d = run_dir()
-    try:
-        d.parent.mkdir(parents=True, exist_ok=True)
-        d.mkdir(mode=0o700)
-    except FileExistsError:
-        pass
-    return check_run_dir(d)
 
 
 def socket_path(pid: int) -> Path:
@@ -580,11 +541,3 @@ def discover(timeout: float = 5.0) -> list[dict]:
         except ValueError:
             continue
     return found
-
-
-def remove_quietly(path: Path) -> None:
-    """Unlink, ignoring any error (also used at exit for the worker rings)."""
-    try:
-        path.unlink()
-    except OSError:
-        pass

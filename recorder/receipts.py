@@ -128,7 +128,7 @@ class Receipts:
         if now < self._next_try:
             return
         self._next_try = now + self.RETRY_S
-        from vllm_contract.recorder.control import run_dir
+        from vllm_contract.recorder.rundir import run_dir
 
         for rank in list(self._missing):
             ring = Ring.open(ring_path(run_dir(), self._pids[rank]))
@@ -194,7 +194,7 @@ def _worker_ring(wrapper: Any) -> Ring | None:
     if ring is not None or _worker_rings_failed:
         return ring
     try:
-        from vllm_contract.recorder.control import ensure_run_dir, remove_quietly
+        from vllm_contract.recorder.rundir import ensure_run_dir, remove_quietly
 
         path = ring_path(ensure_run_dir(), os.getpid())
         ring = Ring.create(path)
