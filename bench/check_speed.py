@@ -33,8 +33,8 @@ SAME = ["tokens.total_mismatch", "tokens.nonpositive", "tokens.duplicate_request
 # The columns the checks read, per table (tests/query/test_bench_scan.py holds this to what DuckDB's
 # plans of the catalog read). Of the list columns, `encoder_inputs` the catalog reads only
 # where row-group statistics let DuckDB skip it on a trace without encoder inputs, so it never
-# decodes it there, while this scan does (about 0.65 s at a million steps); `spec_token_ids`
-# the `drafts` view does read, all of it (0.5 s against the scan's 0.65 s).
+# decodes it there, while this scan does; `spec_token_ids` the `drafts` view does read, all
+# of it, a little faster than the scan does (bench/RESULTS.md).
 SCAN_COLUMNS = {
     "scheduled": ("step", "req_id", "kind", "pos", "num_scheduled_tokens", "num_computed_tokens",
                   "num_output_tokens", "new_block_ids", "spec_token_ids", "encoder_inputs"),
@@ -166,7 +166,7 @@ def python_loop(path: Path) -> tuple[float, int]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=1_000_000)
-    # the loop holds every row in memory: 100k steps take about 9 GB and a minute; at 20k steps
+    # the loop holds every row in memory, which bounds the steps it can take; at 20k steps
     # the SQL side's fixed costs (opening the trace, creating views) weigh more
     ap.add_argument("--subset-steps", type=int, default=100_000)
     ap.add_argument("--keep", type=Path)
@@ -185,8 +185,8 @@ def main() -> None:
     if not (small / "engine=bench-0-dp0" / "manifest.json").exists():
         generate(small, a.subset_steps, 64, 20_000)
 
-    # Scan and catalog alternate, --pairs times: on this machine one run of either moved by up
-    # to a third within minutes, so one pair's ratio read anywhere from 2.5x to 3.7x.
+    # Scan and catalog alternate, --pairs times: on this machine one run of either moved a lot
+    # within minutes, so one pair's ratio alone says little.
     pairs = []
     for _ in range(a.pairs):
         scan, full = child("scan", big, scan_sql()), child("check", big)
@@ -195,8 +195,8 @@ def main() -> None:
         pairs.append((full["seconds"] / scan["seconds"], scan, full))
     pairs.sort(key=lambda p: p[0])
     ratio, scan, full = pairs[len(pairs) // 2]
-    # The SQL side three times around the loop (median shown): one run of it takes 1-3 s, and
-    # what ran just before it (the full catalog, the loop) moved it by a fifth.
+    # The SQL side three times around the loop (median shown): one run of it is short, and
+    # what ran just before it (the full catalog, the loop) moved it.
     sql_runs = [child("check", small, ",".join(SAME))]
     loop = loop_child(small)
     loop_s = loop["seconds"]

@@ -108,14 +108,14 @@ def live_engine(name: str, turns: int, reqs: int, tokens: int, tmp: Path,
     sampling = params(tokens)
     llm.generate(prompts[:2], params(8), use_tqdm=False)  # warm up
     # A turn lasts at least turn_s (its generate() repeated): the flush barrier that ends a
-    # recorded turn blocks the engine for one flush (6-10 ms here), which a running engine
+    # recorded turn blocks the engine for one flush, which a running engine
     # pays once per flush interval (1 s) in the writer, never in its own thread.
     t0 = time.perf_counter()
     llm.generate(prompts, sampling, use_tqdm=False)
     rounds = max(1, math.ceil(turn_s / (time.perf_counter() - t0)))
     gc.collect()
     gc.freeze()
-    # what a writer process spent starting (imports: pyarrow alone ~0.3 s) is not per step
+    # what a writer process spent starting (its imports) is not per step
     cpu0 = {w: writer_cpu_s(r.writer) for w, r in recs.items()}
     sides = ["off", *writers]
     times = {m: [] for m in sides}

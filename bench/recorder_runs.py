@@ -1,8 +1,8 @@
 """Recorder overhead as whole runs, each in a fresh process (issue: foundation).
 
 bench/recorder_overhead.py steps two identical loads in one process. An A/A test of that method
-(both loads unrecorded) found the loads differing by up to 8.6 %, and the difference drifting
-within a run, so it cannot resolve a 3 % target on this machine; and the writer thread's work
+(both loads unrecorded) found them differing by more than the 3 % target, and the difference
+drifting within a run, so it cannot resolve the target here; and the writer thread's work
 for the recorded load also lands in the other load's blocks. Here each run is its own process:
 build the decode load, warm it up, then time `--steps` steps, and with recording also the
 writer's flush (every step converted and written is paid inside the run); both sides first step

@@ -22,9 +22,9 @@ _SCALARS = frozenset({type(None), bool, int, float, str})
 
 class Stub:
     """A vLLM dataclass or msgspec struct as it reaches the writer process: its fields as
-    attributes, and its type's names. The writer process never imports vLLM (8 s and 0.5 GB
-    here), so the engine sends these in place of the objects (recorder/handoff.py); to_plain()
-    gives a Stub exactly the plain form it gives the object it stands for."""
+    attributes, and its type's names. The writer process never imports vLLM (a slow and large
+    import), so the engine sends these in place of the objects (recorder/handoff.py);
+    to_plain() gives a Stub exactly the plain form it gives the object it stands for."""
 
     # The type's names live in a slot, outside __dict__: a field may be called anything.
     __slots__ = ("_vc_type", "__dict__")

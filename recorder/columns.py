@@ -141,7 +141,7 @@ class IntColumn:
         if type(values) is array and values.typecode == "q":
             self.values.extend(values)
             return
-        try:  # struct packs a list of ints 3-4x faster than array.extend() converts it
+        try:  # struct packs a list of ints faster than array.extend() converts it
             self.values.frombytes(pack_ints(values))
         except (struct.error, TypeError, OverflowError):  # a None somewhere: value by value
             for v in values:
@@ -281,8 +281,9 @@ class RowTable:
 
 
 def warm_up() -> None:
-    """Run each conversion path once. pyarrow initialises its compute kernels on first use
-    (about 0.1 s here); better at attach time than inside the first flush of a live engine."""
+    """Run each conversion path once. pyarrow initialises its compute kernels on first use,
+    which takes long enough to notice: better at attach time than inside the first flush of a
+    live engine."""
     for col, fill in ((Column(pa.string()), lambda c: (c.repeat("a", 3), c.extend(["b"]))),
                       (Column(pa.int64()), lambda c: (c.repeat(None, 2), c.repeat(1, 2))),
                       (IntColumn(pa.int64()), lambda c: (c.repeat(None, 2), c.extend([1, None]))),

@@ -2,8 +2,8 @@
 
 The engine side pickles each item with `pickle`'s C pickler: a deep copy at C speed, taken where
 the snapshot must be taken (inside schedule(), before update_from_output()), of the
-SchedulerOutput or ModelRunnerOutput itself: 60–90 µs per 256-request decode step in a running
-harness, less than the snapshot and its own encoding together. Objects that are not plain
+SchedulerOutput or ModelRunnerOutput itself, in less time than the snapshot and its own
+encoding together (bench/RESULTS.md). Objects that are not plain
 Python data never cross as themselves, so the writer process needs no vLLM (and cannot run code
 from the bytes): a reducer hook turns each into what `plain.to_plain()` would make of it —
 - a dataclass or msgspec struct (NewRequestData, SamplingParams, ...) into a `plain.Stub` with
@@ -100,12 +100,13 @@ class _Pickler(pickle.Pickler):
 
 
 class Encoder:
-    """One per engine: reuses its pickler and buffer (a new pair per item cost 2 µs)."""
+    """One per engine: reuses its pickler and buffer, which a new pair per item would pay
+    for on every item."""
 
     def __init__(self) -> None:
         self._buf = io.BytesIO()
         self._pickler = _Pickler(self._buf)
-        # No memo: about a third faster on a step (no table of every object seen). Shared
+        # No memo: faster on a step (no table of every object seen). Shared
         # objects are then written once per reference, and a cycle is refused (ValueError),
         # which the recorder treats like any other failure.
         self._pickler.fast = True

@@ -7,10 +7,10 @@ the full pipe refuses (the reader far behind) is covered by the next one. The ri
 the engine: an item that does not fit is refused.
 
 While the engine is busy the reader does not sleep on the commit pipe: it wakes every POLL_S
-and takes what has gathered. A commit then wakes nobody (a wake-up per step cost the engine
-thread 4–6 µs in its commit), and the reader works in batches: on a CPU engine whose model
-threads keep both cores' caches full, its CPU per step fell by a quarter to a half from one
-round per step to one per 250 ms (bench/RESULTS.md). What must not wait for the next round (a
+and takes what has gathered. A commit then wakes nobody (a wake-up per step is paid by the engine
+thread in its commit), and the reader works in batches: on a CPU engine whose model threads
+keep both cores' caches full, it spends less CPU per step in a round per POLL_S than in a round
+per step (bench/RESULTS.md). What must not wait for the next round (a
 flush barrier, the stop, a ring half full) is followed by a byte on a second pipe, which the
 reader always listens to; the end of either pipe (the engine closed the ring, or its process
 ended) wakes it too. An idle reader sleeps on both.
@@ -46,7 +46,7 @@ class RingWriter:
         self.fd = os.memfd_create("vllm-contract-ring")
         os.ftruncate(self.fd, HEADER + capacity)
         # Every page allocated and mapped now: first touches in the running engine were page
-        # faults, 15–30 µs per step until the ring had gone round once.
+        # faults, paid in its steps until the ring had gone round once.
         flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
         self.mm = mmap.mmap(self.fd, HEADER + capacity, flags=flags)
         self.commit_r, self.commit_w = os.pipe()

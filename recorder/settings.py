@@ -98,8 +98,8 @@ KNOWN_ENV = frozenset({TRACE_DIR, ARM, RUN_DIR, RECORD_NOTES, *OPTIONS, "VLLM_CO
 
 # Live engines flush by time: once a second (flush_seconds), or every 1024 steps if an engine
 # is faster than that. attach()'s 64 steps made a small, fast engine pay a flush's fixed cost
-# (about 50 column conversions) every 64 steps: ~5 % of its throughput on the tiny CPU model,
-# against ~1 % now (bench/live_overhead.py). A SIGKILL still loses at most ~1 s of steps.
+# (about 50 column conversions) every 64 steps, most of what recording cost it (bench/RESULTS.md,
+# live engines). A SIGKILL still loses at most ~1 s of steps.
 LIVE_DEFAULTS = {"flush_steps": 1024}
 
 

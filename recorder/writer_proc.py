@@ -1,8 +1,8 @@
 """The writer in a process of its own: what the engine thread keeps is one pickle and one
 memcpy per item.
 
-In a writer thread, turning snapshots into Arrow batches holds the engine's GIL: about 250 µs of
-Python per step at 256 running requests, and the engine slowed by 12–16 % in whole runs
+In a writer thread, turning snapshots into Arrow batches holds the engine's GIL for Python work
+on every step, and the engine slowed in whole runs
 (bench/RESULTS.md). Here the engine thread pickles each queue item (handoff.py: plain data
 only, no vLLM object crosses) into a shared-memory ring (ring.py) and goes on; a child process,
 started from this file, reads the ring and runs an ordinary TraceWriter on the items. The child

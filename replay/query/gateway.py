@@ -97,8 +97,8 @@ class Gateway:
                         if t is not None and t.num_rows:
                             live.append(t)
                 # An engine without live rows gets no live branch: an empty one costs the view
-                # the files' statistics (DuckDB then grouped a million steps by a general hash
-                # table: 1.4 s against 1.05 s without it).
+                # the files' statistics (DuckDB then groups steps by a general hash table, which
+                # is slower).
                 if live:
                     name = self._hold(f"_live_{table}_{i}", pa.concat_tables(live))
                     selects.append(f"SELECT {engine}, {cols} FROM {name}")
@@ -154,7 +154,7 @@ class Gateway:
         if view in self._materialized:
             return
         try:
-            # the rows' order means nothing here; keeping it made `runs` 20 % slower to store
+            # the rows' order means nothing here, and keeping it made `runs` slower to store
             self.con.execute("SET preserve_insertion_order = false")
             try:
                 # in the database, not TEMP: the checks' cursors read it too

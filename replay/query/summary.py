@@ -81,8 +81,8 @@ def engine_summary(e, checked: list[str] | None = None) -> dict:
 
 def _engine_summary(e, checked: list[str] | None, con) -> dict:
     m = e.manifest
-    # only the columns summed up here: reading every table of a long trace whole took 10 GB
-    # and 10 s at a million steps
+    # only the columns summed up here: reading every table of a long trace whole costs
+    # memory and time in proportion to the whole trace
     steps = e.read("steps", ["step", "t_ns", "total_num_scheduled_tokens"])
     reqs = e.read("requests", ["req_id"])
     counts = {t: e.count(t) for t in schema.TABLE_NAMES}

@@ -100,7 +100,7 @@ def fingerprint(a: str, b: str, which: int) -> str:
 # (step + 1, computed + scheduled) over every row but the last. They are equal exactly when the
 # two sets of pairs are (a duplicate or a missing step breaks it too), unless the fingerprints
 # collide. In a trace of decoding requests nearly every id is plain; sorting all rows by request,
-# as the window does, took 7 of the 17 s that `runs` took at a million steps.
+# as the window does, was much of what `runs` cost.
 # run_groups' pass over every listed row, one engine at a time (see per_engine)
 RUN_GROUPS_PASS = """
     SELECT {{pick}} AS engine, req_id, MIN(step) AS first_step, MAX(step) AS last_step,
@@ -134,8 +134,7 @@ g AS (
     FROM g0
 ),
 drafted AS (
-    -- ids with drafts (from `drafts`: counting them here read every row's list, 0.35 s at a
-    -- million steps)
+    -- ids with drafts (from `drafts`: counting them here read every row's list)
     SELECT DISTINCT engine, req_id FROM drafts WHERE kind IS NOT NULL
 ),
 candidates AS (
@@ -223,8 +222,7 @@ FROM windowed_runs
 
 # Each step's listed requests (rows with a token count) summed up: read by the checks that compare
 # a step's rows with the step (its total, the budget, the model output's ids, max_model_len). One
-# pass over the rows instead of one per check: 0.4-0.9 s each at a million steps. One engine at a
-# time (see per_engine).
+# pass over the rows instead of one per check. One engine at a time (see per_engine).
 # Each id listed with tokens or in the model output, numbered: `step_totals` and
 # outputs.ids_mismatch fingerprint (step, id) pairs by the number (strings have no portable
 # hash cheap enough for every row; see docs/portable-sql.md). One engine at a time.
@@ -257,7 +255,7 @@ GROUP BY {{by}}s.step""".format(fp_id_0=fingerprint("s.step", "k.k", 0),
 
 # The rows that hand out blocks or reset a block table (about one row in fourteen of a decoding
 # trace), with their block ids in one list: the three block checks read these instead of each
-# decoding every row's list of lists (about 1 s per check at a million steps).
+# decoding every row's list of lists.
 GRANTS_SQL = f"""
 CREATE VIEW grants AS
 SELECT engine, step, req_id, kind, pos, num_computed_tokens, num_scheduled_tokens,
@@ -267,7 +265,7 @@ WHERE new_block_ids IS NOT NULL OR kind IN ('new', 'resumed')
 """
 
 # The rows with draft tokens (none at all without speculative decoding): the draft checks read
-# these instead of each reading every row's list (0.35 s per check at a million steps).
+# these instead of each reading every row's list.
 DRAFTS_SQL = """
 CREATE VIEW drafts AS
 SELECT engine, step, req_id, kind, num_scheduled_tokens, spec_token_ids
@@ -294,8 +292,8 @@ def quote(s: str) -> str:
 
 # Up to this many engines, the derived views' passes run one engine at a time (per_engine);
 # beyond, one pass groups by engine: each branch of the per-engine form filters every table's
-# view, itself a branch per engine, and planning grew with the square of the engines (64 small
-# engines: over 10 minutes, against 20 s for 20; bench/RESULTS.md).
+# view, itself a branch per engine, and planning grew with the square of the engines
+# (bench/RESULTS.md).
 PER_ENGINE_UP_TO = 4
 
 
@@ -304,12 +302,11 @@ def per_engine(select: str, engines: list[str], col: str = "engine",
     """`select` once per engine, joined by UNION ALL, or once for all (`split` False, or more
     than PER_ENGINE_UP_TO engines). In `select`, `{only}` filters rows to the engine, `{pick}`
     is the engine column of a group and `{by}` opens the GROUP BY (`col`: the engine column's
-    name there). A GROUP BY over every row that is keyed by engine and an id or a step took
-    1.5-2x as long as the same GROUP BY without the engine (0.8 s against 0.4 s at a million
-    steps): DuckDB hashes a single string key once per dictionary entry of the Parquet column,
-    and two keys once per row. Filtered to one engine, each branch reads that engine's files
-    alone (the tables' views give each engine a branch with its name a constant) and groups
-    without it."""
+    name there). A GROUP BY over every row that is keyed by engine and an id or a step takes
+    longer than the same GROUP BY without the engine: DuckDB hashes a single string key once
+    per dictionary entry of the Parquet column, and two keys once per row. Filtered to one
+    engine, each branch reads that engine's files alone (the tables' views give each engine a
+    branch with its name a constant) and groups without it."""
     names = list(dict.fromkeys(engines))
     if split is None:
         split = len(names) <= PER_ENGINE_UP_TO

@@ -9,8 +9,7 @@
 WITH plain_suspects AS (
     -- A plain id (run_groups) is one request instance listed in every step from its first to its
     -- last: it is listed after its free only if its last step is, and only those ids' rows are
-    -- read here; the other ids' rows come from the window (all 64M rows of a million steps took
-    -- 1 s).
+    -- read here; the other ids' rows come from the window (reading every row cost far more).
     SELECT g.engine, g.req_id, i.intro_step, i.freed_step
     FROM run_groups g
     JOIN instances i ON i.inst = g.inst

@@ -37,7 +37,7 @@ settled AS (
     -- fingerprints of (step, req_id) of its listed rows in that span against its model
     -- output's, when the model output has no row outside the span. They agree exactly when no
     -- step differs (barring a collision of both fingerprints), and then neither table is grouped by step (the model
-    -- output's grouping took 1 s at a million steps).
+    -- output's grouping was most of the check's time).
     SELECT w.engine
     FROM whole w
     LEFT JOIN sched_all a ON a.engine = w.engine
@@ -53,7 +53,7 @@ unsettled AS (
 ),
 unsettled_span AS (
     -- no row when every engine is settled: then the range joins below read nothing (a join
-    -- with `unsettled` itself could take the model output as its build side: 3 s)
+    -- with `unsettled` itself could take the model output as its build side)
     SELECT MIN(u.lo) AS lo, MAX(u.hi) AS hi
     FROM updated u JOIN unsettled x ON x.engine = u.engine
     HAVING COUNT(*) > 0
@@ -61,7 +61,7 @@ unsettled_span AS (
 sched_fp AS (
     -- The other engines' steps are compared each by count and sums of fingerprints, and only
     -- the steps whose sums differ are joined id by id: the full join of a million-step trace
-    -- spilled (18 s; 2.6 s this way). Two different id sets of one step escape only if both
+    -- spilled. Two different id sets of one step escape only if both
     -- fingerprints' sums collide.
     SELECT t.engine, t.step, t.n, t.ids_fp_0 AS h0, t.ids_fp_1 AS h1
     FROM step_totals t JOIN unsettled_span b ON t.step >= b.lo AND t.step <= b.hi

@@ -9,7 +9,7 @@
 WITH suspects AS (
     -- A plain id's rows have no drafts, so one of them passes prompt + outputs only if the id's
     -- largest computed + scheduled - outputs does: only those ids are read row by row (the rows
-    -- of every id through `runs` cost 2 s at a million steps).
+    -- of every id through `runs` cost far more).
     SELECT g.engine, g.req_id, g.inst
     FROM run_groups g
     JOIN run_ids k ON k.inst = g.inst
