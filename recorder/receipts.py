@@ -76,7 +76,7 @@ class Ring:
             return None
         return cls(buf, path)
 
-    # worker side: a few hundred nanoseconds per step
+    # worker side, on every step of the worker: two writes into the shared page, nothing more
     def note(self, tokens: int) -> None:
         self.count = n = self.count + 1
         _SLOT.pack_into(self.buf, _HEADER.size + (n % SLOTS) * _SLOT.size, n, now_ns(),
