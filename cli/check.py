@@ -3,26 +3,23 @@
 from __future__ import annotations
 
 import enum
-import json
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
-from vllm_contract.cli.common import ExitCode, csv_text, err, fail, warn
+from vllm_contract.cli.common import ExitCode, emit, err, fail, format_choice, warn
 from vllm_contract.errors import TraceError
-from vllm_contract.findings import COLUMNS, RANK, SEVERITIES
+from vllm_contract.findings import SEVERITIES
+from vllm_contract.replay.export import render
 
 app = typer.Typer()
 
 
-class CheckFormat(str, enum.Enum):
-    table = "table"
-    json = "json"
-    jsonl = "jsonl"
-    csv = "csv"
-    junit = "junit"
+# the formats the exporters have (vllm_contract.replay.export): a new one is offered here too
+CheckFormat = format_choice("CheckFormat", "check")
+SqlFormat = format_choice("SqlFormat", "rows")
 
 
 class CheckWorker(str, enum.Enum):
@@ -37,12 +34,6 @@ class SqlEngine(str, enum.Enum):
 Severity = enum.Enum("Severity", {s: s for s in SEVERITIES}, type=str)
 
 
-class SqlFormat(str, enum.Enum):
-    table = "table"
-    json = "json"
-    csv = "csv"
-
-
 def _progress(n: int, total: int, name: str) -> None:
     """A progress line on a terminal; nothing when stderr is a file or a pipe."""
     if not sys.stderr.isatty():
@@ -50,74 +41,6 @@ def _progress(n: int, total: int, name: str) -> None:
     typer.echo(f"\rchecking {n}/{total} {name:<40}", err=True, nl=False)
     if n == total:
         typer.echo("", err=True)
-
-
-def _render_table(report, invariants, examples: int = 3) -> str:
-    by: dict[str, list] = {}
-    for f in report.findings:
-        by.setdefault(f.invariant, []).append(f)
-    lines = []
-    # the worker's findings (`--worker`) have no catalog entry: their own severity and title
-    heads = [(i.severity, i.id, i.title) for i in invariants]
-    known = {i.id for i in invariants}
-    heads += [(fs[0].severity, k, fs[0].title) for k, fs in by.items() if k not in known]
-    for severity, inv_id, title in sorted(heads, key=lambda h: (-RANK[h[0]], h[1])):
-        found = by.get(inv_id)
-        if not found:
-            continue
-        lines.append(f"{severity.upper():7} {inv_id}  ({len(found)})  {title}")
-        for f in found[:examples]:
-            where = f"step {f.step}" if f.step is not None else "trace"
-            who = f" req {f.req_id}" if f.req_id else ""
-            lines.append(f"        {where}{who}: {f.message.split(': ', 1)[-1]}")
-        if len(found) > examples:
-            lines.append(f"        ... {len(found) - examples} more")
-    for inv_id, why in report.skipped.items():
-        lines.append(f"SKIPPED {inv_id}: {why}")
-    counts = report.counts()
-    lines.append(f"{len(report.ran)} checks ran, {len(report.skipped)} skipped: "
-                 f"{counts['error']} error(s), {counts['warning']} warning(s), "
-                 f"{counts['info']} info")
-    return "\n".join(lines)
-
-
-def _where(f) -> str:
-    """Where a finding is, in words, leaving out what it does not name."""
-    parts = [f"engine {f.engine}" if f.engine else None,
-             f"step {f.step}" if f.step is not None else None,
-             f"req {f.req_id}" if f.req_id else None]
-    return " ".join(p for p in parts if p) or "trace"
-
-
-def _render_junit(report, invariants, fail_on: str) -> str:
-    """One testcase per check; a failure only for findings at or above --fail-on (what the
-    exit code counts), the others in the testcase's system-out."""
-    # here, not at the top: it loads urllib.request, which every other command would load too
-    from xml.sax.saxutils import escape, quoteattr
-
-    by: dict[str, list] = {}
-    for f in report.findings:
-        by.setdefault(f.invariant, []).append(f)
-    known = {i.id for i in invariants}
-    cases = [(i.id, i.severity, i.title) for i in invariants]
-    cases += [(k, fs[0].severity, fs[0].title) for k, fs in by.items() if k not in known]
-    failing = {k for k, fs in by.items() if any(RANK[f.severity] >= RANK[fail_on] for f in fs)}
-    out = ['<?xml version="1.0" encoding="UTF-8"?>',
-           f'<testsuite name="vllm-contract" tests="{len(cases)}" failures="{len(failing)}" '
-           f'skipped="{len(report.skipped)}">']
-    for inv_id, severity, title in cases:
-        out.append(f'  <testcase classname="vllm_contract.invariants" name={quoteattr(inv_id)}>')
-        body = "\n".join(f"{_where(f)}: {f.message}" for f in by.get(inv_id, ()))
-        if inv_id in report.skipped:
-            out.append(f"    <skipped message={quoteattr(report.skipped[inv_id])}/>")
-        elif inv_id in failing:
-            out.append(f"    <failure type={quoteattr(severity)} "
-                       f"message={quoteattr(title)}>{escape(body)}</failure>")
-        elif body:
-            out.append(f"    <system-out>{escape(body)}</system-out>")
-        out.append("  </testcase>")
-    out.append("</testsuite>")
-    return "\n".join(out)
 
 
 def _add_worker_findings(report, trace: Path) -> None:
@@ -193,51 +116,13 @@ def check(
             _add_worker_findings(report, trace)
     except TraceError as e:
         fail(e)
-    rows = [f.to_dict() for f in report.findings]
-    if format is CheckFormat.json:
-        typer.echo(json.dumps(rows, indent=2))
-    elif format is CheckFormat.jsonl:
-        for r in rows:
-            typer.echo(json.dumps(r))
-    elif format is CheckFormat.csv:
-        typer.echo(csv_text(rows, COLUMNS), nl=False)
-    elif format is CheckFormat.junit:
-        typer.echo(_render_junit(report, selected, fail_on.value))
-    else:
-        typer.echo(_render_table(report, selected))
-    for inv_id, why in report.skipped.items():
-        if format is not CheckFormat.table:
-            err(f"vllm-contract: skipped {inv_id}: {why}")
+    emit(render("check", format.value, report, selected, fail_on.value))
     if report.at_or_above(fail_on.value):
         raise typer.Exit(ExitCode.FOUND)
 
 
-def _json_value(v):
-    """A value JSON has no type for: DuckDB's sums are 128-bit integers (Arrow decimals of
-    scale 0), which stay numbers; times and the like become their text."""
-    import decimal
-
-    if isinstance(v, decimal.Decimal):
-        return int(v) if v == v.to_integral_value() else float(v)
-    return str(v)
-
-
 def _print_table(table, format: SqlFormat) -> None:
-    rows = table.to_pylist()
-    if format is SqlFormat.json:
-        typer.echo(json.dumps(rows, indent=2, default=_json_value))
-        return
-    if format is SqlFormat.csv:
-        typer.echo(csv_text(rows, table.column_names), nl=False)
-        return
-    cols = table.column_names
-    cells = [[("NULL" if r[c] is None else str(r[c])) for c in cols] for r in rows]
-    widths = [min(60, max([len(c)] + [len(row[i]) for row in cells])) for i, c in enumerate(cols)]
-    typer.echo("  ".join(c.ljust(w) for c, w in zip(cols, widths)))
-    typer.echo("  ".join("-" * w for w in widths))
-    for row in cells:
-        typer.echo("  ".join(v[:w].ljust(w) for v, w in zip(row, widths)))
-    typer.echo(f"({len(rows)} row{'s' * (len(rows) != 1)})")
+    emit(render("rows", format.value, table))
 
 
 @app.command()

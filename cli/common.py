@@ -1,10 +1,9 @@
-"""What every command shares: exit codes, the one-line error, warnings, CSV."""
+"""What every command shares: exit codes, the one-line error, warnings, printing what an
+exporter rendered (vllm_contract.replay.export) and the --format choices it offers."""
 
 from __future__ import annotations
 
-import csv
 import enum
-import io
 from typing import NoReturn
 
 import typer
@@ -82,9 +81,15 @@ def quiet_vllm() -> None:
         warnings.filterwarnings("ignore", category=FutureWarning, module=r"vllm\.")
 
 
-def csv_text(rows: list[dict], columns: list[str]) -> str:
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=columns, extrasaction="ignore")
-    w.writeheader()
-    w.writerows(rows)
-    return buf.getvalue()
+def format_choice(name: str, kind: str) -> type[enum.Enum]:
+    """The --format choices of a command: the formats the exporters have for `kind`, in the
+    order they were registered."""
+    from vllm_contract.replay.export import formats
+
+    return enum.Enum(name, {f: f for f in formats(kind)}, type=str)
+
+
+def emit(rendered) -> None:
+    """Print what an exporter rendered: each chunk to stdout or stderr, in order."""
+    for text, to_err in rendered.chunks:
+        typer.echo(text, err=to_err, nl=False)

@@ -7,8 +7,6 @@ data (the `ps` table, JSON) to stdout; bad input is one line on stderr and exit 
 
 from __future__ import annotations
 
-import enum
-import json
 import math
 import os
 import signal
@@ -20,14 +18,13 @@ from typing import Annotated, Optional
 
 import typer
 
-from vllm_contract.cli.common import ExitCode, Progress, err, fail, warn
+from vllm_contract.cli.common import ExitCode, Progress, emit, err, fail, format_choice, warn
 
 app = typer.Typer()
 
 
-class PsFormat(str, enum.Enum):
-    table = "table"
-    json = "json"
+# the formats the exporters have (vllm_contract.replay.export)
+PsFormat = format_choice("PsFormat", "ps")
 
 
 def _options(redact_prompts: bool, max_trace_bytes: Optional[str], flush_seconds: Optional[float],
@@ -227,39 +224,13 @@ def _ask(proc: dict, msg: dict, timeout: float = 60.0) -> dict:
     return reply
 
 
-def _age(t: float | None) -> str:
-    if not t:
-        return "-"
-    s = int(time.time() - t)
-    return f"{s // 86400}d{s % 86400 // 3600}h" if s >= 86400 else (
-        f"{s // 3600}h{s % 3600 // 60}m" if s >= 3600 else f"{s // 60}m{s % 60}s")
-
-
 @app.command()
 def ps(format: Annotated[PsFormat, typer.Option("--format", "-f")] = PsFormat.table) -> None:
     """List the armed vLLM engines of this user on this machine: pid, model, data-parallel
     rank, and whether (and where) each is recording."""
-    procs = _discover()
-    if format is PsFormat.json:
-        typer.echo(json.dumps(procs, indent=2, default=str))
-        return
-    if not procs:
-        err("vllm-contract: no armed vLLM engines (start vLLM with VLLM_CONTRACT_ARM=1, or "
-             "VLLM_CONTRACT_TRACE_DIR=DIR to record from the start)")
-        return
-    rows = [("PID", "PPID", "DP", "UP", "STATE", "STEPS", "MODEL", "TRACE")]
-    for p in procs:
-        for e in p["engines"]:
-            state = e["state"]
-            if state == "armed" and e.get("last") and e["last"].get("failed"):
-                state = "armed (last recording failed)"
-            rows.append((str(p["pid"]), str(p.get("ppid", "-")), str(e.get("dp_rank", "-")),
-                         _age(e.get("armed_at")), state,
-                         "-" if e.get("steps") is None else str(e["steps"]),
-                         str(e.get("model") or "-"), e.get("trace") or "-"))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
-    for r in rows:
-        typer.echo("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1])
+    from vllm_contract.replay.export import render
+
+    emit(render("ps", format.value, _discover()))
 
 
 @app.command()

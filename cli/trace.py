@@ -2,40 +2,25 @@
 
 from __future__ import annotations
 
-import enum
-import json
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
-from vllm_contract.cli.common import Progress, fail, warn
+from vllm_contract.cli.common import Progress, emit, fail, format_choice, warn
 from vllm_contract.errors import TraceError
 
 app = typer.Typer()
 
 
-class InfoFormat(str, enum.Enum):
-    table = "table"
-    json = "json"
+# the formats the exporters have (vllm_contract.replay.export)
+InfoFormat = format_choice("InfoFormat", "info")
 
 
 def _open(path: Path):
     from vllm_contract.trace import open_trace
 
     return open_trace(path)
-
-
-def _fmt_ns(ns: int | None) -> str:
-    if ns is None:
-        return "-"
-    import datetime
-
-    try:
-        return datetime.datetime.fromtimestamp(ns / 1e9, datetime.timezone.utc).isoformat(
-            timespec="seconds")
-    except (OverflowError, ValueError, OSError):  # a damaged time, past year 9999
-        return f"{ns} ns"
 
 
 @app.command()
@@ -60,33 +45,9 @@ def info(trace: Annotated[Path, typer.Argument(help="Trace directory (a root or 
     for e in s["engines"]:
         for w in e["warnings"]:
             warn(w)
-    if format is InfoFormat.json:
-        typer.echo(json.dumps(s, indent=2, default=str))
-        return
-    for e in s["engines"]:
-        st = e["settings"] or {}
-        typer.echo(f"engine        {e['engine']}  ({e['path']})")
-        typer.echo(f"vLLM          {e['vllm_version']}   format v{e['format_version']}   "
-                   f"host {e['host']} pid {e['pid']} dp_rank {e['dp_rank']}")
-        typer.echo(f"model         {e['model']}  dtype {st.get('dtype')}  block_size "
-                   f"{st.get('block_size')}  kv_blocks {st.get('num_kv_blocks')}")
-        typer.echo(f"steps         {e['steps']}   requests {e['requests']}   tokens scheduled "
-                   f"{e['tokens_scheduled']}")
-        typer.echo(f"time          {_fmt_ns(e['first_step_ns'])} .. {_fmt_ns(e['last_step_ns'])}"
-                   f"  ({e['span_s']:.3f} s)")
-        if e["most_in_flight"]:
-            typer.echo("batches       " + ("one at a time" if e["most_in_flight"] == 1 else
-                       f"up to {e['most_in_flight']} in flight ({e['overlapped_updates']} of "
-                       f"{e['rows']['updates']} updates came after the next schedule())"))
-        typer.echo("rows          " + "  ".join(f"{k}={v}" for k, v in e["rows"].items()))
-        drift = (e["contract_drift"] or {}).get("unknown_fields") or {}
-        typer.echo(f"fields        {sum(len(v) for v in (e['fields'] or {}).values())} seen; "
-                   f"drift: {json.dumps(drift) if drift else 'none'}")
-        status = "OK" if not e["integrity"] and not e["warnings"] else "; ".join(
-            e["integrity"] + [f"{len(e['warnings'])} segment warning(s)"] * bool(e["warnings"]))
-        typer.echo(f"integrity     {status}")
-        typer.echo("")
-    typer.echo("views         " + "  ".join(f"{k}={v}" for k, v in s["views"].items()))
+    from vllm_contract.replay.export import render
+
+    emit(render("info", format.value, s))
 
 
 @app.command()
