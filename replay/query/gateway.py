@@ -22,7 +22,8 @@ from vllm_contract import schema
 from vllm_contract.errors import TraceError
 from vllm_contract.trace import Trace, open_trace, reading
 from vllm_contract.replay.query.views import (DROPPED_SCHEMA, ENGINES_SCHEMA, INTEGRITY_SCHEMA,
-                                              SHARED_VIEWS, VIEW_DOCS, derived_sql, quote)
+                                              SHARED_VIEWS, VIEW_DOCS, derived_sql, engine_row,
+                                              problem_row, quote)
 
 
 class Gateway:
@@ -106,12 +107,12 @@ class Gateway:
                 name = self._hold(f"_live_{table}", schema.empty(sch))
                 selects.append(f"SELECT CAST(NULL AS engine_name) AS engine, {cols} FROM {name}")
             self.con.execute(f"CREATE VIEW {table} AS " + " UNION ALL ".join(selects))
-        self._register("_engines", ENGINES_SCHEMA, [self._engine_row(e) for e in self.trace.engines])
+        self._register("_engines", ENGINES_SCHEMA, [engine_row(e) for e in self.trace.engines])
         self._register("_dropped", DROPPED_SCHEMA, [
             {"engine": e.name, "first_step": a, "last_step": b}
             for e in self.trace.engines for a, b in e.manifest.get("dropped_steps", [])])
         self._register("_integrity", INTEGRITY_SCHEMA, [
-            _problem_row(e, p) for e in self.trace.engines for p in e.problems])
+            problem_row(e, p) for e in self.trace.engines for p in e.problems])
         for view in ("engines", "dropped", "integrity"):
             self.con.execute(f"CREATE VIEW {view} AS SELECT * REPLACE "
                              f"(CAST(engine AS engine_name) AS engine) FROM _{view}")
@@ -126,23 +127,6 @@ class Gateway:
         self._arrow[name] = table
         self.con.register(name, table)
         return name
-
-    @staticmethod
-    def _engine_row(e) -> dict:
-        m, s = e.manifest, e.manifest.get("engine") or {}
-        return {"engine": e.name, "model": s.get("model"), "block_size": s.get("block_size"),
-                "num_kv_blocks": s.get("num_kv_blocks"),
-                "max_num_batched_tokens": s.get("max_num_batched_tokens"),
-                "max_num_seqs": s.get("max_num_seqs"), "max_model_len": s.get("max_model_len"),
-                "closed_cleanly": bool(m.get("closed_cleanly")),
-                "attached_mid_stream": bool(m.get("attached_mid_stream")),
-                "recorder_errors": len(m.get("recorder_errors") or []),
-                "vllm_version": m.get("vllm_version"),
-                "steps_recorded": m.get("steps_recorded"), "pruned_steps": pruned_steps(m),
-                "stopped_after_step": (m.get("stopped") or {}).get("after_step"),
-                "stopped_error": (m.get("stopped") or {}).get("error"),
-                # its recorder still writes it (a lock it holds; core/liveness.py)
-                "recording": e.recording is True}
 
     def is_materialized(self, view: str) -> bool:
         return view in self._materialized
@@ -230,22 +214,6 @@ def verified_parquet(trace: Trace) -> dict[Path, bool]:
     million-step trace's 550 files: bench/RESULTS.md.)"""
     return {p: e.verify(p) for table in schema.TABLE_NAMES for e in trace.engines
             for p in e.segments(table) if p.suffix == schema.PARQUET_SUFFIX}
-
-
-def _problem_row(e, problem: str) -> dict:
-    """A reader's "PATH: what" as a row naming the segment within its engine."""
-    path, _, details = problem.partition(": ")
-    try:
-        path = str(Path(path).relative_to(e.dir))
-    except ValueError:
-        pass
-    return {"engine": e.name, "segment": path, "details": details}
-
-
-def pruned_steps(manifest: dict) -> int:
-    """Steps of the segments deleted at the size cap (max_trace_bytes)."""
-    return sum(seg["steps"][1] - seg["steps"][0] + 1
-               for seg in manifest.get("pruned_segments", []) if seg.get("steps"))
 
 
 def default_memory_limit() -> str:

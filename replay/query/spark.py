@@ -113,7 +113,8 @@ class SparkGateway:
 
     def __init__(self, trace: Trace | str | Path, spark=None, master: str = "local[2]",
                  conf: dict[str, str] | None = None, spark_reads: bool | None = None) -> None:
-        from vllm_contract.replay.query.gateway import Gateway, _problem_row, verified_parquet
+        from vllm_contract.replay.query.gateway import verified_parquet
+        from vllm_contract.replay.query.views import engine_row, problem_row
 
         self.trace = trace if isinstance(trace, Trace) else open_trace(trace)
         if spark is None:
@@ -140,13 +141,13 @@ class SparkGateway:
                         self.present.add(table)
                     self._table(table)
             self._register("engines", pa.Table.from_pylist(
-                [Gateway._engine_row(e) for e in self.trace.engines], schema=ENGINES_SCHEMA))
+                [engine_row(e) for e in self.trace.engines], schema=ENGINES_SCHEMA))
             self._register("dropped", pa.Table.from_pylist([
                 {"engine": e.name, "first_step": a, "last_step": b}
                 for e in self.trace.engines for a, b in e.manifest.get("dropped_steps", [])],
                 schema=DROPPED_SCHEMA))
             self._register("integrity", pa.Table.from_pylist([
-                _problem_row(e, p) for e in self.trace.engines for p in e.problems],
+                problem_row(e, p) for e in self.trace.engines for p in e.problems],
                 schema=INTEGRITY_SCHEMA))
             # Every derived view is stored when it is made: over the nested plans of plain
             # views Spark's planner ran out of heap (computed.progress, on 1.2k rows). They are

@@ -5,6 +5,8 @@ documentation, from which docs/sql-views.md is generated. The gateway creates th
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pyarrow as pa
 
 from vllm_contract import schema
@@ -20,6 +22,42 @@ ENGINES_SCHEMA = pa.schema([
     pa.field("pruned_steps", pa.int64()), pa.field("stopped_after_step", pa.int64()),
     pa.field("stopped_error", pa.string()), pa.field("recording", pa.bool_()),
 ])
+
+
+def engine_row(e) -> dict:
+    """An engine's row of `engines`, from its manifest (an EngineTrace), for either gateway."""
+    m, s = e.manifest, e.manifest.get("engine") or {}
+    return {"engine": e.name, "model": s.get("model"), "block_size": s.get("block_size"),
+            "num_kv_blocks": s.get("num_kv_blocks"),
+            "max_num_batched_tokens": s.get("max_num_batched_tokens"),
+            "max_num_seqs": s.get("max_num_seqs"), "max_model_len": s.get("max_model_len"),
+            "closed_cleanly": bool(m.get("closed_cleanly")),
+            "attached_mid_stream": bool(m.get("attached_mid_stream")),
+            "recorder_errors": len(m.get("recorder_errors") or []),
+            "vllm_version": m.get("vllm_version"),
+            "steps_recorded": m.get("steps_recorded"), "pruned_steps": pruned_steps(m),
+            "stopped_after_step": (m.get("stopped") or {}).get("after_step"),
+            "stopped_error": (m.get("stopped") or {}).get("error"),
+            # its recorder still writes it (a lock it holds; core/liveness.py)
+            "recording": e.recording is True}
+
+
+def problem_row(e, problem: str) -> dict:
+    """A reader's "PATH: what" as a row of `integrity`, naming the segment within its engine."""
+    path, _, details = problem.partition(": ")
+    try:
+        path = str(Path(path).relative_to(e.dir))
+    except ValueError:
+        pass
+    return {"engine": e.name, "segment": path, "details": details}
+
+
+def pruned_steps(manifest: dict) -> int:
+    """Steps of the segments deleted at the size cap (max_trace_bytes)."""
+    return sum(seg["steps"][1] - seg["steps"][0] + 1
+               for seg in manifest.get("pruned_segments", []) if seg.get("steps"))
+
+
 INTEGRITY_SCHEMA = pa.schema([pa.field("engine", pa.string()), pa.field("segment", pa.string()),
                               pa.field("details", pa.string())])
 DROPPED_SCHEMA = pa.schema([pa.field("engine", pa.string()), pa.field("first_step", pa.int64()),
