@@ -54,6 +54,18 @@ class Invariant:
     # read when the trace has them (the query copes with their absence): never a reason to skip
     optional: list[str] = field(default_factory=list)
 
+    @property
+    def columns(self) -> list[tuple[str, bool]]:
+        """The `-- columns:` header as (name, always NULL) pairs: the result columns the
+        checker requires of the query (the four a finding is made of, by default)."""
+        text = self.meta.get("columns") or "engine, step, req_id, details"
+        out = []
+        for part in (p.strip() for p in text.split(",")):
+            name, _, rest = part.partition(" ")
+            if name:
+                out.append((name, rest.strip().upper() == "(NULL)"))
+        return out
+
 
 def parse(path: Path) -> Invariant:
     try:

@@ -53,7 +53,8 @@ def run(gateway: Gateway, invariants: list[Invariant],
     tables = _run_queries(gateway, runnable, progress, len(invariants), workers)
     findings: list[Finding] = []
     for inv, table in zip(runnable, tables):
-        missing = {"engine", "step", "req_id", "details"} - set(table.column_names)
+        missing = {"engine", "step", "req_id", "details",
+                   *(name for name, _ in inv.columns)} - set(table.column_names)
         if missing:
             raise TraceError(f"check {inv.id} ({inv.path}): query lacks column(s) "
                              f"{', '.join(sorted(missing))}")

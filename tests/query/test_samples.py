@@ -79,3 +79,24 @@ def test_checks_side_by_side_find_what_one_at_a_time_finds():
         with Gateway(sample) as a, Gateway(sample) as b:
             one, two = checker.run(a, invs, workers=1), checker.run(b, invs, workers=2)
         assert one == two, sample.name
+
+
+def test_each_checks_columns_header_holds_on_every_sample():
+    """A check's `-- columns:` header is what the checker requires of its query; a column it
+    marks (NULL) is NULL in every row the query gives (broken samples give rows)."""
+    from vllm_contract.replay.query import catalog
+    from vllm_contract.replay.query.gateway import Gateway
+
+    invs = catalog.load()
+    assert all([n for n, _ in i.columns] == ["engine", "step", "req_id", "details"]
+               for i in invs)
+    rows = 0
+    for sample in sorted(p for p in SAMPLES.iterdir() if p.is_dir()):
+        with Gateway(sample) as gw:
+            for inv in invs:
+                for name, null in inv.columns:
+                    if null:
+                        got = gw.sql(f"SELECT {name} FROM (\n{inv.sql}\n) WHERE {name} IS NOT NULL")
+                        assert got.num_rows == 0, (inv.id, sample.name)
+                rows += gw.sql(f"SELECT COUNT(*) AS n FROM (\n{inv.sql}\n)")["n"][0].as_py()
+    assert rows > 0
