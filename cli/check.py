@@ -44,13 +44,14 @@ def _progress(n: int, total: int, name: str) -> None:
 
 
 def _add_worker_findings(report, trace: Path) -> None:
+    from vllm_contract.findings import by_severity
     from vllm_contract.kinds import without_repeats
     from vllm_contract.replay.worker.shadow import run_shadow
     from vllm_contract.trace import open_trace
 
-    report.findings = without_repeats(report.findings, run_shadow(open_trace(trace)))
+    report.findings = without_repeats(report.findings, run_shadow(open_trace(trace)),
+                                      key=by_severity)
     report.ran.append("worker.shadow")
-    report.findings.sort(key=lambda f: f.sort_key())
 
 
 def _spark_conf(items: list[str]) -> dict[str, str]:

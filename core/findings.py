@@ -32,8 +32,19 @@ class Finding:
                 "title": self.title}
 
     def sort_key(self) -> tuple:
-        return (-RANK[self.severity], self.invariant, self.engine or "",
-                -1 if self.step is None else self.step, self.req_id or "")
+        return by_severity(self)
+
+
+# The two orders every output uses. A report (`check`) ranks what to fix first; a walk through the
+# trace (`replay`, the TUI) goes by time, and keeps the producer's order within one request's step,
+# where a worker reports a cause before what follows from it (so the sort must stay stable).
+def by_severity(f: Finding) -> tuple:
+    return (-RANK[f.severity], f.invariant, f.engine or "",
+            -1 if f.step is None else f.step, f.req_id or "")
+
+
+def by_step(f: Finding) -> tuple:
+    return (-1 if f.step is None else f.step, f.engine or "", f.req_id or "")
 
 
 @dataclass

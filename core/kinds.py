@@ -10,9 +10,10 @@ vLLM's worker raises there (a real-worker replay stops before such a step).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from vllm_contract.findings import Finding
+from vllm_contract.findings import Finding, by_step
 
 _RUNNER = "vllm/v1/worker/gpu_model_runner.py GPUModelRunner._update_states"
 
@@ -90,10 +91,12 @@ KINDS = {k.id: k for k in [
 CRASHES = frozenset(k.id for k in KINDS.values() if k.crashes)
 
 
-def without_repeats(catalog: list[Finding], worker: list[Finding]) -> list[Finding]:
+def without_repeats(catalog: list[Finding], worker: list[Finding],
+                    key: Callable[[Finding], tuple] = by_step) -> list[Finding]:
     """The catalog's findings and the worker's, less each worker finding the catalog already
-    reports at the same engine, step and request (its kind's `same_as`)."""
+    reports at the same engine, step and request (its kind's `same_as`), in the order `key`
+    (core/findings.py's `by_step` or `by_severity`)."""
     said = {(f.engine, f.step, f.req_id, f.invariant) for f in catalog}
     kept = [f for f in worker if (f.engine, f.step, f.req_id,
                                   getattr(KINDS.get(f.invariant), "same_as", None)) not in said]
-    return catalog + kept
+    return sorted(catalog + kept, key=key)

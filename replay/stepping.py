@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from vllm_contract.findings import Finding
+from vllm_contract.findings import Finding, by_step
 from vllm_contract.replay.session import Session
 from vllm_contract.trace import Trace, open_trace
 
@@ -57,7 +57,7 @@ def replay_range(trace: Trace | str | Path, worker: str = "shadow", engine: str 
         run.findings.extend(f for f in s.findings if f.step is not None and lo <= f.step <= hi)
         if stop.is_set():
             break
-    run.findings.sort(key=lambda f: (f.step, f.engine or "", f.req_id or ""))
+    run.findings.sort(key=by_step)
     if stop_at_first:
         run.findings = run.findings[:1]
     run.notes = list(dict.fromkeys(n for s in sessions for n in s.notes))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vllm_contract.findings import Finding
+from vllm_contract.findings import Finding, by_step
 from vllm_contract.kinds import KINDS
 from vllm_contract.replay import Gateway, load_catalog, run_checks
 
@@ -42,5 +42,5 @@ def findings(gw: Gateway, engine: str, cancelled=lambda: False) -> list[Finding]
             break
         found += run_checks(gw, [inv]).findings
     mine = [f for f in found if f.engine in (None, engine)]
-    mine.sort(key=lambda f: (-1 if f.step is None else f.step, f.invariant, f.req_id or ""))
+    mine.sort(key=by_step)
     return mine

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from vllm_contract.errors import TraceError
-from vllm_contract.findings import Finding
+from vllm_contract.findings import Finding, by_step
 from vllm_contract.kinds import CRASHES, KINDS
 from vllm_contract.replay.worker.plan import Plan, pick_engine, plan
 from vllm_contract.replay.worker.real import Divergence
@@ -47,7 +47,7 @@ class RealResult:
 
     def all_findings(self) -> list[Finding]:
         out = [d.finding(self.engine) for d in self.divergences] + self.findings
-        return sorted(out, key=lambda f: (f.step if f.step is not None else -1, f.req_id or ""))
+        return sorted(out, key=by_step)
 
     def to_dict(self) -> dict:
         found = [f.to_dict() for f in self.all_findings()]

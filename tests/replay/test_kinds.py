@@ -49,3 +49,26 @@ def test_worker_findings_the_catalog_made_are_left_out_once_everywhere():
     r = invoke("check", sample, "--worker", "shadow", "-f", "json")
     key = lambda d: (d["invariant"], d["engine"], d["step"], d["req_id"])  # noqa: E731
     assert sorted(map(key, json.loads(r.stdout))) == sorted(key(f.to_dict()) for f in merged)
+
+
+def test_merged_findings_follow_one_of_the_two_orders_and_keep_a_steps_causes_first():
+    """A report ranks by severity (what `check` prints); a walk goes by step and keeps, within a
+    request's step, the order its worker said them in (the sort is stable)."""
+    from vllm_contract.findings import RANK, by_severity, by_step
+
+    sample = ROOT / "samples" / "broken-unknown-cached"
+    with Gateway(sample) as gw:
+        cat = checker.run(gw, catalog.load()).findings
+    worker = run_shadow(open_trace(sample))
+    walk = without_repeats(cat, worker)
+    steps = [-1 if f.step is None else f.step for f in walk]
+    assert len(set(steps)) > 1 and steps == sorted(steps)
+    for a, b in zip(walk, walk[1:]):
+        if (a.step, a.engine, a.req_id) == (b.step, b.engine, b.req_id):
+            assert (cat + worker).index(a) < (cat + worker).index(b)
+    ranked = without_repeats(cat, worker, key=by_severity)
+    assert sorted(ranked, key=by_step) == walk
+    ranks = [-RANK[f.severity] for f in ranked]
+    assert ranks == sorted(ranks) and len(set(ranks)) > 1
+    r = invoke("check", sample, "--worker", "shadow", "-f", "json")
+    assert [d["invariant"] for d in json.loads(r.stdout)] == [f.invariant for f in ranked]
