@@ -64,8 +64,9 @@ def scan_sql() -> str:
     queries = []
     for table, cols in SCAN_COLUMNS.items():
         types = schema.schema(table)
-        reads = [f"MAX(CARDINALITY({c}))" if pa.types.is_list(types.field(c).type)
-                 else f"MAX({c})" for c in cols]
+        # quoted: `offset` is a reserved word in DuckDB
+        reads = [f'MAX(CARDINALITY("{c}"))' if pa.types.is_list(types.field(c).type)
+                 else f'MAX("{c}")' for c in cols]
         queries.append(f"SELECT COUNT(*), {', '.join(reads)} FROM {table}")
     return ";".join(queries)
 
