@@ -11,7 +11,8 @@
    p95 <= 200 ms. The checkpoints' memory is reported.
 
 `--module FILE` (repeatable) also times a ShadowWorker module loaded from FILE (a copy of an
-older shadow.py, say) in the same rounds, so before and after are measured side by side.
+older single-file shadow.py, say: `git show 5ed0ac0:replay/worker/shadow.py > old.py`) in the
+same rounds, so before and after are measured side by side.
 
 Usage: python bench/shadow_speed.py [TRACE] [--steps 1000000] [--cache DIR] [--rounds 3]
                                     [--gotos 200] [--module FILE] [--no-check] [--no-goto]
@@ -59,8 +60,9 @@ print(json.dumps({"seconds": time.perf_counter() - t0, "findings": len(found),
 GOTO = LOAD + """
 import pickle, random
 from vllm_contract.replay import session as session_mod
+from vllm_contract.replay.worker import shadow_session
 mod = shadow_module(sys.argv[2])
-session_mod.ShadowWorker = mod.ShadowWorker
+shadow_session.ShadowWorker = mod.ShadowWorker  # what Session's shadow worker is made of
 n_gotos, seed = int(sys.argv[3]), int(sys.argv[4])
 t0 = time.perf_counter()
 s = session_mod.Session(sys.argv[1])
@@ -77,7 +79,8 @@ for _ in range(n_gotos):
     st = s.state()
     times.append(time.perf_counter() - t)
     assert st["position"] == n
-cps = s.worker._checkpoints
+w = s.worker.w
+cps = w._cps.packed if hasattr(w, "_cps") else w._checkpoints  # the package; one shadow.py
 # bytes when the worker keeps its checkpoints packed; otherwise their pickled size, which
 # understates live Python objects several times over
 packed = all(isinstance(v, (bytes, bytearray)) for v in cps.values())
