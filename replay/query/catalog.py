@@ -12,17 +12,15 @@
     SELECT engine, step, req_id, details FROM ...
 
 Users add checks in the same format with `--invariants DIR`. Loading a user's check compares its
-`needs:` with what its query reads (DuckDB's own parser lists the tables): a table the query reads but
+`needs:` with what its query reads (deps.reads: DuckDB's own parser lists the tables): a table the query reads but
 `needs:` omits would make a trace without it fail instead of skipping the check, and a name it lists
 but never reads would skip the check for nothing.
 """
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
-from functools import lru_cache
 from pathlib import Path
 
 import duckdb
@@ -30,7 +28,8 @@ import duckdb
 from vllm_contract import schema
 from vllm_contract.errors import TraceError
 from vllm_contract.findings import SEVERITIES
-from vllm_contract.replay.query.views import SHARED_VIEWS, VIEW_DOCS, derived_sql
+from vllm_contract.replay.query.deps import reads, through
+from vllm_contract.replay.query.views import VIEW_DOCS
 
 BUILTIN_DIR = Path(__file__).resolve().parent / "invariants"
 REQUIRED = ("id", "severity", "title", "why", "relies_on", "needs")
@@ -110,51 +109,6 @@ def parse(path: Path) -> Invariant:
                      path=path, note=meta.get("note", ""), meta=meta, optional=optional)
 
 
-def reads(sql: str, con: duckdb.DuckDBPyConnection) -> set[str]:
-    """The tables and views a query reads, as DuckDB's parser sees it (the parser that runs it):
-    every table reference but those naming a common table expression in scope."""
-    parsed = json.loads(con.execute("SELECT json_serialize_sql(?)", [sql]).fetchone()[0])
-    if parsed.get("error"):
-        raise ValueError(f"{parsed.get('error_type')}: {parsed.get('error_message')}")
-    found: set[str] = set()
-
-    def walk(node, ctes: frozenset) -> None:
-        if isinstance(node, list):
-            for v in node:
-                walk(v, ctes)
-            return
-        if not isinstance(node, dict):
-            return
-        if (node.get("type") == "BASE_TABLE" and node.get("schema_name") in ("", "main", None)
-                and node.get("table_name", "").lower() not in ctes):
-            found.add(node["table_name"].lower())
-        cte_map = node.get("cte_map")
-        if isinstance(cte_map, dict):
-            for entry in cte_map.get("map", []):  # each sees the ones before it
-                walk(entry.get("value"), ctes)
-                ctes = ctes | {entry["key"].lower()}
-        for key, v in node.items():
-            if key != "cte_map":
-                walk(v, ctes)
-
-    walk(parsed.get("statements"), frozenset())
-    return found
-
-
-@lru_cache(maxsize=1)
-def _view_reads() -> dict[str, frozenset]:
-    """What each derived view reads, and the views the checker stores before it (SHARED_VIEWS):
-    a check may list those in `needs` to have them stored once per run."""
-    out = {}
-    with duckdb.connect() as con:
-        for sql in derived_sql(["engine"]):
-            m = re.match(r"\s*CREATE VIEW (\w+) AS\s", sql)
-            out[m.group(1)] = frozenset(reads(sql[m.end():], con))
-    for name, stored in SHARED_VIEWS.items():
-        out[name] = out.get(name, frozenset()) | frozenset(stored)
-    return out
-
-
 def check_needs(inv: Invariant, con: duckdb.DuckDBPyConnection) -> None:
     """TraceError unless `needs` lists exactly what the query reads: every table and view it
     reads, and nothing that it reads neither itself nor through a view it reads."""
@@ -165,18 +119,13 @@ def check_needs(inv: Invariant, con: duckdb.DuckDBPyConnection) -> None:
                          f"SELECT ({' '.join(str(e).split())})") from None
     known = set(schema.TABLE_NAMES) | set(VIEW_DOCS)
     declared = inv.needs + inv.optional
-    through, todo = set(), list(direct)
-    while todo:
-        name = todo.pop()
-        if name not in through:
-            through.add(name)
-            todo += _view_reads().get(name, ())
     problems = []
     if unknown := sorted(set(declared) - known):
         problems.append(f"needs {', '.join(unknown)}, which no trace has")
     if undeclared := sorted((direct & known) - set(declared)):
         problems.append(f"`needs:` lacks {', '.join(undeclared)}, which its query reads")
-    if unread := sorted((set(declared) & known) - through):
+    # a view read through another may be listed: the checker then stores it before the check
+    if unread := sorted((set(declared) & known) - through(direct)):
         problems.append(f"`needs:` lists {', '.join(unread)}, which its query never reads")
     if strange := sorted(direct - known):
         problems.append(f"reads {', '.join(strange)}, which no trace has")

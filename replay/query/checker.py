@@ -7,9 +7,11 @@ from typing import Callable
 from vllm_contract import schema
 from vllm_contract.errors import TraceError
 from vllm_contract.findings import Finding, Report
+from vllm_contract.replay.query.base import QueryGateway
 from vllm_contract.replay.query.catalog import Invariant
+from vllm_contract.replay.query.deps import stored_before
 from vllm_contract.replay.query.gateway import Gateway
-from vllm_contract.replay.query.views import SHARED_VIEWS
+
 
 def select(invariants: list[Invariant], only: list[str] | None) -> list[Invariant]:
     if not only:
@@ -22,7 +24,7 @@ def select(invariants: list[Invariant], only: list[str] | None) -> list[Invarian
     return [i for i in invariants if i.id in only]
 
 
-def run(gateway: Gateway, invariants: list[Invariant],
+def run(gateway: QueryGateway, invariants: list[Invariant],
         progress: Callable[[int, int, str], None] | None = None, workers: int = 2) -> Report:
     """Every check over the trace. On DuckDB, `workers` cursors run the checks side by side
     once the views they share are stored: on a short trace each check's cost is planning,
@@ -43,7 +45,7 @@ def run(gateway: Gateway, invariants: list[Invariant],
             continue
         try:
             # read by several checks: each stored once for the whole run
-            for view in dict.fromkeys(v for need in inv.needs for v in SHARED_VIEWS.get(need, ())):
+            for view in dict.fromkeys(v for need in inv.needs for v in stored_before(need)):
                 if progress and not gateway.is_materialized(view):
                     progress(n, len(invariants), f"(computing the shared view {view})")
                 gateway.materialize(view)
@@ -70,7 +72,7 @@ def run(gateway: Gateway, invariants: list[Invariant],
     return Report(findings, skipped, [inv.id for inv in runnable])
 
 
-def _run_queries(gateway, runnable: list[Invariant], progress, total: int,
+def _run_queries(gateway: QueryGateway, runnable: list[Invariant], progress, total: int,
                  workers: int) -> list:
     """Each check's result, in order; on DuckDB with workers > 1, on that many cursors."""
     def one(inv: Invariant, con=None):

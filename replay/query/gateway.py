@@ -20,20 +20,20 @@ import pyarrow as pa
 
 from vllm_contract import schema
 from vllm_contract.errors import TraceError
-from vllm_contract.trace import Trace, open_trace, reading
-from vllm_contract.replay.query.views import (DROPPED_SCHEMA, ENGINES_SCHEMA, INTEGRITY_SCHEMA,
-                                              SHARED_VIEWS, VIEW_DOCS, derived_sql, engine_row,
-                                              problem_row, quote)
+from vllm_contract.trace import Trace, reading
+from vllm_contract.replay.query.base import QueryGateway, verified_parquet
+from vllm_contract.replay.query.deps import stored_views
+from vllm_contract.replay.query.views import derived_views, manifest_tables, quote
 
 
-class Gateway:
+class Gateway(QueryGateway):
     """Owns the DuckDB connection for one trace (a root or one engine directory)."""
 
     def __init__(self, trace: Trace | str | Path, memory_limit: str | None = None,
                  derived: bool = True) -> None:
         """`derived` False: the trace's tables and the manifest's views only (what `info`
         reads), without binding the derived views' chain."""
-        self.trace = trace if isinstance(trace, Trace) else open_trace(trace)
+        self._open(trace)
         self.derived = derived
         self._spill = tempfile.mkdtemp(prefix="vllm-contract-duckdb-")
         # Removed at close(), or when the gateway is collected or the interpreter exits.
@@ -49,9 +49,7 @@ class Gateway:
             raise TraceError(f"memory limit {limit!r} (VLLM_CONTRACT_MEMORY_LIMIT): "
                              f"{_one_line(e)}") from None
         self._lock = threading.Lock()
-        self.present: set[str] = set()  # tables with at least one segment in some engine
         self._arrow: dict[str, pa.Table] = {}
-        self._materialized: set[str] = set()
         try:
             with reading(self.trace.root):
                 self._create_views()
@@ -61,10 +59,6 @@ class Gateway:
         except BaseException:
             self.close()
             raise
-
-    @property
-    def warnings(self) -> list[str]:
-        return self.trace.warnings
 
     def _create_views(self) -> None:
         # Every GROUP BY, window and join of the catalog is keyed by engine: as a VARCHAR that
@@ -107,29 +101,19 @@ class Gateway:
                 name = self._hold(f"_live_{table}", schema.empty(sch))
                 selects.append(f"SELECT CAST(NULL AS engine_name) AS engine, {cols} FROM {name}")
             self.con.execute(f"CREATE VIEW {table} AS " + " UNION ALL ".join(selects))
-        self._register("_engines", ENGINES_SCHEMA, [engine_row(e) for e in self.trace.engines])
-        self._register("_dropped", DROPPED_SCHEMA, [
-            {"engine": e.name, "first_step": a, "last_step": b}
-            for e in self.trace.engines for a, b in e.manifest.get("dropped_steps", [])])
-        self._register("_integrity", INTEGRITY_SCHEMA, [
-            problem_row(e, p) for e in self.trace.engines for p in e.problems])
-        for view in ("engines", "dropped", "integrity"):
+        for view, table in manifest_tables(self.trace).items():
+            self._hold(f"_{view}", table)
             self.con.execute(f"CREATE VIEW {view} AS SELECT * REPLACE "
                              f"(CAST(engine AS engine_name) AS engine) FROM _{view}")
-        for view_sql in derived_sql([e.name for e in self.trace.engines]) if self.derived else ():
-            self.con.execute(view_sql)
-
-    def _register(self, name: str, sch: pa.Schema, rows: list[dict]) -> None:
-        self._hold(name, schema.from_rows(rows, sch))
+        if self.derived:
+            for view, select in derived_views([e.name for e in self.trace.engines]).items():
+                self.con.execute(f"CREATE VIEW {view} AS {select}")
 
     def _hold(self, name: str, table: pa.Table) -> str:
         """Register an Arrow table under `name`, kept alive as long as the connection."""
         self._arrow[name] = table
         self.con.register(name, table)
         return name
-
-    def is_materialized(self, view: str) -> bool:
-        return view in self._materialized
 
     def materialize(self, view: str) -> None:
         """Compute a derived view once and keep the result: several checks read `runs`, and
@@ -149,10 +133,6 @@ class Gateway:
         except duckdb.Error as e:
             raise TraceError(f"cannot materialise {view}: {_one_line(e)}") from None
         self._materialized.add(view)
-
-    @property
-    def views(self) -> list[str]:
-        return list(VIEW_DOCS)
 
     def cursor(self) -> duckdb.DuckDBPyConnection:
         """A connection for another thread (DuckDB: one cursor per thread), seeing the same
@@ -192,28 +172,13 @@ class Gateway:
         if derived:
             # the shared derived views stored first: counted as views, `runs` alone recomputed
             # run_groups and its window (bench/RESULTS.md)
-            for needed in SHARED_VIEWS.values():
-                for view in needed:
-                    self.materialize(view)
+            for view in stored_views():
+                self.materialize(view)
         return {v: self.sql(f"SELECT COUNT(*) AS n FROM {v}")["n"][0].as_py() for v in views}
 
     def close(self) -> None:
         self.con.close()
         self._remove_spill()
-
-    def __enter__(self) -> "Gateway":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-
-def verified_parquet(trace: Trace) -> dict[Path, bool]:
-    """Each Parquet segment of the trace verified (EngineTrace.verify): DuckDB checks neither
-    page checksums nor columns' types. (Two threads at it saved nothing measurable on a
-    million-step trace's 550 files: bench/RESULTS.md.)"""
-    return {p: e.verify(p) for table in schema.TABLE_NAMES for e in trace.engines
-            for p in e.segments(table) if p.suffix == schema.PARQUET_SUFFIX}
 
 
 def default_memory_limit() -> str:

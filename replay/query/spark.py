@@ -1,5 +1,5 @@
-"""The invariant catalog on Spark: a gateway with the DuckDB gateway's face (views, present,
-materialize, sql returning Arrow), so that `checker.run` runs the same catalog over it and builds
+"""The invariant catalog on Spark: a gateway with the DuckDB gateway's face (base.QueryGateway:
+views, present, materialize, sql returning Arrow), so that `checker.run` runs the same catalog over it and builds
 the same findings, severities and titles from the catalog's headers.
 
 The trace is read through the project's own reader (torn tails, checksums and warnings handled as
@@ -16,13 +16,15 @@ import shutil
 from functools import lru_cache
 from pathlib import Path
 
+import duckdb
 import pyarrow as pa
 
 from vllm_contract import schema
 from vllm_contract.errors import TraceError
-from vllm_contract.trace import Trace, open_trace, reading
-from vllm_contract.replay.query.views import (DROPPED_SCHEMA, ENGINES_SCHEMA, INTEGRITY_SCHEMA,
-                                              VIEW_DOCS, derived_sql)
+from vllm_contract.trace import Trace, reading
+from vllm_contract.replay.query.base import QueryGateway, verified_parquet
+from vllm_contract.replay.query.deps import derived_read, reads
+from vllm_contract.replay.query.views import derived_views, manifest_tables
 
 INSTALL = "pip install 'vllm-contract[spark]'"
 
@@ -47,7 +49,6 @@ _QUOTED_MEMBER = re.compile(r"""GET_JSON_OBJECT\(([^,()]+), '\$\."' \|\| (.+?) \
 SPARK_MEMBER = r"GET_JSON_OBJECT(\1, '$[''' || \2 || ''']')"
 # engine names a file's URI spells as they are (input_file_name() escapes others)
 _PLAIN = re.compile(r"[A-Za-z0-9._-]+")
-_CREATE = re.compile(r"\s*CREATE VIEW (\w+) AS\s", re.IGNORECASE)
 
 
 def java_missing() -> str | None:
@@ -103,9 +104,8 @@ def transpile(sql: str) -> str:
     return _QUOTED_MEMBER.sub(SPARK_MEMBER, out)
 
 
-class SparkGateway:
-    """One trace's tables and derived views as temporary views of a SparkSession, with the
-    parts of Gateway's face that the checker uses. `spark`: a session to use (and leave open);
+class SparkGateway(QueryGateway):
+    """One trace's tables and derived views as temporary views of a SparkSession. `spark`: a session to use (and leave open);
     without one, a session is started from `master` and `conf` and stopped at close().
     `spark_reads`: whether Spark reads the Parquet segments itself (True) or they travel from
     this process through the reader (False); by default Spark reads them unless the trace is a
@@ -113,10 +113,7 @@ class SparkGateway:
 
     def __init__(self, trace: Trace | str | Path, spark=None, master: str = "local[2]",
                  conf: dict[str, str] | None = None, spark_reads: bool | None = None) -> None:
-        from vllm_contract.replay.query.gateway import verified_parquet
-        from vllm_contract.replay.query.views import engine_row, problem_row
-
-        self.trace = trace if isinstance(trace, Trace) else open_trace(trace)
+        self._open(trace)
         if spark is None:
             # a session already running in this process is used, and left running
             self._own = _pyspark().getActiveSession() is None
@@ -124,14 +121,12 @@ class SparkGateway:
         else:
             self._own = False
         self.spark = spark
-        self.present: set[str] = set()
-        self._materialized: set[str] = set()
         self._derived: dict[str, str] = {}  # name -> SQL of the derived views, in order
         self._frames: list = []  # stored frames, released at close()
         # A remote trace is mirrored in a private folder of this process, which a cluster's
         # executors cannot see: its files travel from here, as live segments do.
         # `spark_reads` True or False says whether Spark reads the Parquet files itself.
-        self._ship = (bool(self.trace.source) and not _is_local(spark.sparkContext.master)
+        self._ship = (bool(self.trace.source) and not is_local(spark.sparkContext.master)
                       if spark_reads is None else not spark_reads)
         try:
             with reading(self.trace.root):
@@ -140,22 +135,13 @@ class SparkGateway:
                     if any(e.segments(table) for e in self.trace.engines):
                         self.present.add(table)
                     self._table(table)
-            self._register("engines", pa.Table.from_pylist(
-                [engine_row(e) for e in self.trace.engines], schema=ENGINES_SCHEMA))
-            self._register("dropped", pa.Table.from_pylist([
-                {"engine": e.name, "first_step": a, "last_step": b}
-                for e in self.trace.engines for a, b in e.manifest.get("dropped_steps", [])],
-                schema=DROPPED_SCHEMA))
-            self._register("integrity", pa.Table.from_pylist([
-                problem_row(e, p) for e in self.trace.engines for p in e.problems],
-                schema=INTEGRITY_SCHEMA))
+            for view, table in manifest_tables(self.trace).items():
+                self._register(view, table)
             # Every derived view is stored when it is made: over the nested plans of plain
             # views Spark's planner ran out of heap (computed.progress, on 1.2k rows). They are
             # made when a query first reads them (`_ensure`), so a run of a few checks pays for
             # the views those read alone.
-            for sql in derived_sql([e.name for e in self.trace.engines], split=False):
-                m = _CREATE.match(sql)
-                self._derived[m.group(1)] = sql[m.end():]
+            self._derived = derived_views([e.name for e in self.trace.engines], split=False)
         except TraceError:
             self.close()
             raise
@@ -220,36 +206,17 @@ class SparkGateway:
         self._frames.append(stored)
         stored.createOrReplaceTempView(name)
 
-    @property
-    def warnings(self) -> list[str]:
-        return self.trace.warnings
-
-    @property
-    def views(self) -> list[str]:
-        return list(VIEW_DOCS)
-
-    def is_materialized(self, view: str) -> bool:
-        return view in self._materialized
-
     def materialize(self, view: str) -> None:
         """Store `view` (a derived view) and the derived views it reads, if not yet stored."""
-        self._ensure(view)
+        self._ensure([view])
 
-    def _ensure(self, text: str) -> None:
-        """Store every derived view that `text` names, and those they read, in creation order
-        (each reads only views before it). A name in a comment or a column's name costs a view
-        stored early, never a wrong row."""
-        wanted, todo = set(), [text]
-        while todo:
-            t = todo.pop()
-            for name, body in self._derived.items():
-                if name not in wanted and re.search(rf"\b{name}\b", t):
-                    wanted.add(name)
-                    todo.append(body)
-        for name, body in self._derived.items():
-            if name in wanted and name not in self._materialized:
+    def _ensure(self, names) -> None:
+        """Store the derived views among `names`, and those they read, in creation order (each
+        reads only views before it)."""
+        for name in derived_read(names):
+            if name not in self._materialized:
                 try:
-                    self._store(name, self.spark.sql(transpile(body)))
+                    self._store(name, self.spark.sql(transpile(self._derived[name])))
                 except TraceError:
                     raise
                 except Exception as e:  # noqa: BLE001 - Spark's errors come from py4j
@@ -260,7 +227,11 @@ class SparkGateway:
     def sql(self, query: str) -> pa.Table:
         """`query` (DuckDB SQL, transpiled) run on Spark, as Arrow."""
         spark_sql = transpile(query)
-        self._ensure(query)
+        try:
+            read = reads(query)  # the views it reads, by the parser of the SQL's dialect
+        except (ValueError, duckdb.Error) as e:
+            raise TraceError(f"SQL error (Spark): {_one_line(e)}") from None
+        self._ensure(read)
         try:
             return self.spark.sql(spark_sql).toArrow()
         except Exception as e:  # noqa: BLE001 - Spark's errors come from py4j and pyspark
@@ -277,14 +248,8 @@ class SparkGateway:
             self.spark.stop()
             self.spark = None
 
-    def __enter__(self) -> "SparkGateway":
-        return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-
-def _is_local(master: str) -> bool:
+def is_local(master: str) -> bool:
     """Whether a Spark master URL runs everything in this machine's one JVM (local, local[N],
     local[*], local[N,F]), whose executors see this process's files."""
     return master == "local" or master.startswith("local[")

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from vllm_contract import schema
 from vllm_contract.errors import TraceError
 from vllm_contract.manifest import mid_stream_note
 from vllm_contract.trace import Trace, reading
+
+if TYPE_CHECKING:
+    from vllm_contract.replay.query.base import QueryGateway
 
 # The checks on the recording's own integrity whose findings `info` lists too: `info` and
 # `check` then agree on them by construction (the same SQL).
@@ -140,7 +145,7 @@ def _engine_summary(e, checked: list[str] | None, con) -> dict:
     }
 
 
-def summary(trace: Trace, gateway=None) -> dict:
+def summary(trace: Trace, gateway: QueryGateway | None = None) -> dict:
     """With a gateway over the same trace, the integrity checks' findings join each engine's
     integrity list (the reader's checksum notes among them)."""
     checked: dict[str, list[str]] | None = None

@@ -5,6 +5,7 @@ documentation, from which docs/sql-views.md is generated. The gateway creates th
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pyarrow as pa
@@ -62,6 +63,22 @@ INTEGRITY_SCHEMA = pa.schema([pa.field("engine", pa.string()), pa.field("segment
                               pa.field("details", pa.string())])
 DROPPED_SCHEMA = pa.schema([pa.field("engine", pa.string()), pa.field("first_step", pa.int64()),
                             pa.field("last_step", pa.int64())])
+
+
+def manifest_tables(trace) -> dict[str, pa.Table]:
+    """The views made from the engines' manifests and the reader's findings (engines, dropped,
+    integrity) as Arrow tables, for either gateway."""
+    engines = trace.engines
+    return {
+        "engines": schema.from_rows([engine_row(e) for e in engines], ENGINES_SCHEMA),
+        "dropped": schema.from_rows([{"engine": e.name, "first_step": a, "last_step": b}
+                                     for e in engines
+                                     for a, b in e.manifest.get("dropped_steps", [])],
+                                    DROPPED_SCHEMA),
+        "integrity": schema.from_rows([problem_row(e, p) for e in engines for p in e.problems],
+                                      INTEGRITY_SCHEMA),
+    }
+
 
 # A request instance: an id from its introduction to the next introduction of the same id.
 # freed_step: the first step whose finished_req_ids carries it (a delivery in the very step of
@@ -362,24 +379,29 @@ def derived_sql(engines: list[str], split: bool | None = None) -> tuple[str, ...
     return (REQ_KEYS_SQL.format(ids=per_engine(REQ_KEYS_PASS, engines, split=split)),
             "CREATE VIEW step_totals AS " + per_engine(STEP_TOTALS_PASS, engines, "s.engine",
                                                        split),
-            GRANTS_SQL, DRAFTS_SQL, INSTANCES_SQL, LIFELINE_SQL,
+            GRANTS_SQL, INSTANCES_SQL, DRAFTS_SQL, LIFELINE_SQL,
             RUN_GROUPS_SQL.format(groups=per_engine(RUN_GROUPS_PASS, engines, split=split)),
             WINDOWED_RUNS_SQL, RUNS_SQL, RUN_IDS_SQL)
 
 
-# The derived views several checks read, each with the views to store (Gateway.materialize), in
-# order, before a check reads it: itself and the views it reads. `runs` itself stays a view: each
-# check reads only its own columns of it.
-SHARED_VIEWS = {
-    "step_totals": ("step_totals",),
-    "grants": ("grants",),
-    "drafts": ("drafts",),
-    "instances": ("instances",),
-    "run_groups": ("instances", "drafts", "run_groups"),
-    "windowed_runs": ("instances", "drafts", "run_groups", "windowed_runs"),
-    "runs": ("instances", "drafts", "run_groups", "windowed_runs"),
-    "run_ids": ("instances", "drafts", "run_groups", "windowed_runs", "run_ids"),
-}
+_CREATE = re.compile(r"\s*CREATE VIEW (\w+) AS\s")
+
+
+def derived_views(engines: list[str], split: bool | None = None) -> dict[str, str]:
+    """derived_sql as name -> the SELECT that makes the view, in creation order."""
+    out = {}
+    for sql in derived_sql(engines, split):
+        m = _CREATE.match(sql)
+        out[m.group(1)] = sql[m.end():]
+    return out
+
+
+# The derived views several checks read, which the checker stores once per run
+# (Gateway.materialize) before the first check that reads them, directly or through another
+# view (deps.stored_before). `runs` itself stays a view: each check reads only its own columns
+# of it.
+STORED = frozenset({"step_totals", "grants", "drafts", "instances", "run_groups",
+                    "windowed_runs", "run_ids"})
 
 VIEW_DOCS = {
     **{name: doc for name, (doc, _) in schema.TABLES.items()},

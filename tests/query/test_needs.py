@@ -9,7 +9,7 @@ import pytest
 
 import tinytrace as tt
 from vllm_contract.errors import TraceError
-from vllm_contract.replay.query import catalog, checker
+from vllm_contract.replay.query import catalog, checker, deps
 from vllm_contract.replay.query.gateway import Gateway
 
 HEADER = """-- id: mine.{name}
@@ -40,7 +40,7 @@ def test_builtin_needs_cover_what_each_query_reads():
     invs = catalog.load()
     with duckdb.connect() as con:
         for inv in invs:
-            read = catalog.reads(inv.sql, con)
+            read = deps.reads(inv.sql, con)
             assert read <= set(inv.needs) | set(inv.optional), inv.path.name
     leaked = next(i for i in invs if i.id == "finished.leaked")
     assert (leaked.needs, leaked.optional) == (["steps", "finished", "finish_events"],

@@ -119,16 +119,22 @@ def test_check_cli_on_spark_prints_the_same_json_and_exit_code(spark):
 
 
 def test_derived_views_are_stored_when_a_query_first_reads_them(spark):
-    """A query of the tables stores no derived view; one of run_ids stores it and the views
-    it reads, and nothing else; the rows are DuckDB's."""
+    """A query of the tables stores no derived view, nor does one naming views only in a
+    comment or a string; one of run_ids stores it and the views it reads (deps.py), and nothing
+    else; the rows are DuckDB's. The Spark gateway is a QueryGateway, as DuckDB's is."""
+    from vllm_contract.replay.query import deps
+    from vllm_contract.replay.query.base import QueryGateway
     from vllm_contract.replay.query.spark import SparkGateway
 
     q = "SELECT engine, req_id, intro_step FROM run_ids ORDER BY intro_step, req_id"
     with SparkGateway(SAMPLES / "broken-leak", spark=spark) as sg:
+        assert isinstance(sg, QueryGateway)
         assert sg.sql("SELECT COUNT(*) AS n FROM steps").column("n")[0].as_py() > 0
+        assert sg.sql("-- runs\nSELECT 'lifeline' AS grants FROM steps LIMIT 1").num_rows == 1
         assert not [v for v in sg.views if sg.is_materialized(v)]
         on_spark = sg.sql(q).to_pylist()
         stored = {v for v in sg.views if sg.is_materialized(v)}
+    assert stored == set(deps.derived_read(["run_ids"]))
     assert {"run_ids", "windowed_runs", "run_groups", "instances"} <= stored
     assert not stored & {"lifeline", "grants", "step_totals", "req_keys"}
     with Gateway(SAMPLES / "broken-leak") as gw:
@@ -152,10 +158,10 @@ def test_parquet_read_by_spark_or_sent_from_the_reader_gives_the_same_rows(spark
 
 
 def test_only_local_masters_read_a_mirrored_remote_trace_in_place():
-    from vllm_contract.replay.query.spark import _is_local
+    from vllm_contract.replay.query.spark import is_local
 
-    assert all(map(_is_local, ["local", "local[2]", "local[*]", "local[4,2]"]))
-    assert not any(map(_is_local, ["spark://h:7077", "yarn", "k8s://https://h",
+    assert all(map(is_local, ["local", "local[2]", "local[*]", "local[4,2]"]))
+    assert not any(map(is_local, ["spark://h:7077", "yarn", "k8s://https://h",
                                    "local-cluster[2,1,1024]"]))
 
 
