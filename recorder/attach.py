@@ -21,6 +21,7 @@ from vllm_contract.recorder import snapshot, writer_proc
 from vllm_contract.recorder.clock import now_ns
 from vllm_contract.recorder.engine_info import dp_rank, engine_settings
 from vllm_contract.recorder.writer import TraceWriter
+from vllm_contract.recorder.writer_api import Writer
 
 log = logging.getLogger("vllm.vllm_contract")  # under vLLM's logger: our lines join its log
 
@@ -44,16 +45,6 @@ def worker_state(scheduler: Any) -> dict:
                     if getattr(getattr(r, "status", None), "name", None) == "PREEMPTED")
     return {"requests": len(getattr(scheduler, "running", ()) or ()) + preempted,
             "finished_ids": len(getattr(scheduler, "finished_req_ids", ()) or ())}
-
-
-def _cost(snap) -> int:
-    """Rough bytes a queued schedule snapshot (and its update) keeps alive: for the pending
-    budget, so it must be cheap, not exact."""
-    prompts = 0
-    for item in snap.new:
-        p = item["req"].prompt_token_ids
-        prompts += len(p) if p is not None else 0
-    return 1024 + 160 * len(snap.num_scheduled_tokens) + 40 * prompts
 
 
 class Recorder:
@@ -91,10 +82,8 @@ class Recorder:
             "worker_replayable": not self.redacted and not mid,
             **(manifest_extra or {}),
         }
-        self.writer = _start_writer(trace_dir, manifest, dp_rank(scheduler), writer_options,
-                                    self.fields, default_writer)
-        # A writer process takes the vLLM objects themselves: its pickle is the snapshot.
-        self._raw = self.writer.raw
+        self.writer: Writer = _start_writer(trace_dir, manifest, dp_rank(scheduler),
+                                            writer_options, self.fields, default_writer)
         self.path = self.writer.dir
         if install:
             self.install(_initial=True)
@@ -158,16 +147,7 @@ class Recorder:
                 state = (len(s.running), len(s.waiting), s.kv_cache_manager.usage)
                 step = self.step
                 self.step += 1
-                try:
-                    if self._raw:
-                        kept = self.writer.submit("schedule", step, now_ns(), t1 - t0, state, out)
-                    else:
-                        snap = snapshot.scheduler_output(out, self.fields)
-                        kept = self.writer.submit("schedule", step, now_ns(), t1 - t0, state,
-                                                  snap, cost=_cost(snap))
-                except Exception as e:  # a malformed output: quarantined, recording goes on
-                    kept = self.writer.submit("malformed", step, now_ns(), "snapshot",
-                                              f"{type(e).__name__}: {e}", snapshot.plain_form(out))
+                kept = self.writer.submit_schedule(step, now_ns(), t1 - t0, state, out)
                 # A dropped step (writer behind) keeps no model output either: no orphan rows.
                 if kept:
                     self._inflight[id(out)] = [step, out, None]
@@ -196,8 +176,7 @@ class Recorder:
         if self.active:
             try:
                 # Taken before update_from_output(), which trims sampled lists (spec decode).
-                m = (self.writer.encode_now(model_runner_output) if self._raw
-                     else snapshot.model_output(model_runner_output, self.fields))
+                m = self.writer.keep_model_output(model_runner_output)
             except Exception as e:
                 self._disable(e)
         t0 = time.perf_counter_ns()
@@ -215,17 +194,17 @@ class Recorder:
                         if step == entry[0]:
                             transport.extend(rows)
                         else:  # a lagging worker's receipt of an earlier step
-                            self.writer.submit("transport", step, rows)
+                            self.writer.submit_transport(step, rows)
                 # Empty lists become (): fewer containers held until the writer's next flush.
-                self.writer.submit("update", entry[0], now_ns(), t1 - t0, m,
-                                   finishes or (), transport or ())
+                self.writer.submit_update(entry[0], now_ns(), t1 - t0, m, finishes or (),
+                                          transport or ())
             except Exception as e:
                 self._disable(e)
         return out
 
     def _submit_receipts(self, by_step: dict) -> None:
         for step, rows in by_step.items():
-            self.writer.submit("transport", step, rows)
+            self.writer.submit_transport(step, rows)
 
     def _finish_requests(self, *args: Any, **kwargs: Any) -> Any:
         out = self._originals["finish_requests"](*args, **kwargs)
@@ -233,8 +212,7 @@ class Recorder:
             try:
                 finishes = [(r.request_id, r.status.name) for r in out]
                 # Between steps: attributed to the last step schedule() returned.
-                self.writer.submit("finish", self.step - 1, now_ns(), "finish_requests",
-                                   finishes)
+                self.writer.submit_finish(self.step - 1, now_ns(), "finish_requests", finishes)
             except Exception as e:
                 self._disable(e)
         return out
@@ -249,7 +227,7 @@ class Recorder:
             try:  # steps handed over but never answered, and receipts owed by lagging workers
                 for step, _, seq, *executed in list(self._inflight.values()):
                     if seq is not None:
-                        self.writer.submit("transport", step, executed)
+                        self.writer.submit_transport(step, executed)
                         if self.receipts is not None:
                             self._submit_receipts(self.receipts.collect(step, seq))
                 if self.receipts is not None:
@@ -277,7 +255,7 @@ WRITER_ENV = "VLLM_CONTRACT_WRITER"
 
 
 def _start_writer(trace_dir: Any, manifest: dict, rank: int, options: dict,
-                  fields: snapshot.Fields, default: str = "auto") -> Any:
+                  fields: snapshot.Fields, default: str = "auto") -> Writer:
     """The writer process where this platform has one (Linux), else the writer thread; option
     writer=, else VLLM_CONTRACT_WRITER, else `default` ("process", "thread", "auto") chooses. A
     process that cannot start falls back to the thread, with a warning."""
@@ -288,14 +266,14 @@ def _start_writer(trace_dir: Any, manifest: dict, rank: int, options: dict,
     # Pickled opaque payloads are pickles of the objects themselves, which only this process has.
     if kind != "thread" and writer_proc.available() and not options.get("pickle_opaque"):
         try:
-            return writer_proc.ProcessWriter(trace_dir, manifest, fields.to_dict(), dp_rank=rank,
+            return writer_proc.ProcessWriter(trace_dir, manifest, fields, dp_rank=rank,
                                              **options)
         except (TypeError, ValueError):  # bad options: the caller's error, not the platform's
             raise
         except Exception as e:
             log.warning("vllm-contract: no writer process (%s: %s); writing from a thread",
                         type(e).__name__, e)
-    return TraceWriter(trace_dir, manifest, dp_rank=rank, **options)
+    return TraceWriter(trace_dir, manifest, fields, dp_rank=rank, **options)
 
 
 def attach(scheduler: Any, trace_dir: str | os.PathLike, **writer_options: Any) -> Recorder:

@@ -3,9 +3,10 @@
 The engine side pickles each item with `pickle`'s C pickler: a deep copy at C speed, taken where
 the snapshot must be taken (inside schedule(), before update_from_output()), of the
 SchedulerOutput or ModelRunnerOutput itself, in less time than the snapshot and its own
-encoding together (bench/RESULTS.md). Objects that are not plain
-Python data never cross as themselves, so the writer process needs no vLLM (and cannot run code
-from the bytes): a reducer hook turns each into what `plain.to_plain()` would make of it —
+encoding together (bench/RESULTS.md). The queue's records (records.py) cross as plain tuples,
+their kind's number first. Objects that are not plain Python data never cross as themselves,
+so the writer process needs no vLLM (and cannot run code from the bytes): a reducer hook turns
+each into what `plain.to_plain()` would make of it —
 - a dataclass or msgspec struct (NewRequestData, SamplingParams, ...) into a `plain.Stub` with
   its fields;
 - an enum into its "Class.NAME" string; a subclass of int, float, str, list, tuple, dict, set or
@@ -26,6 +27,7 @@ from array import _array_reconstructor, array
 from typing import Any
 
 from vllm_contract.plain import Opaque, Stub, _size, opaque
+from vllm_contract.recorder.records import RING_RECORDS
 
 # Fields the trace does not keep and the writer process does not read: not worth a copy.
 # (ModelRunnerOutput.req_id_to_index is a 256-entry dict per step at 256 requests.)
@@ -117,6 +119,28 @@ class Encoder:
         buf.truncate()
         self._pickler.dump(item)
         return buf.getvalue()
+
+    def encode_record(self, record: tuple) -> bytes:
+        """A queue record (records.py) in its form on the ring: a plain tuple, its kind's
+        number first. A record pickled by its class name would cost the engine a reducer
+        call and a reduction on every item (bench/RESULTS.md)."""
+        return self.encode((_KIND[type(record)],) + record)
+
+
+# A record's kind on the ring: its place in RING_RECORDS (both ends import the same file).
+_KIND = {r: i for i, r in enumerate(RING_RECORDS)}
+
+
+def encode_control(record: tuple) -> bytes:
+    """A control record: the standard pickler, independent of an Encoder's state, which may be
+    what just failed."""
+    return pickle.dumps((_KIND[type(record)],) + record, protocol=5)
+
+
+def decode_record(data: bytes) -> tuple:
+    """The record encode_record() or encode_control() sent."""
+    kind, *fields = decode(data)
+    return RING_RECORDS[kind]._make(fields)
 
 
 class _Unpickler(pickle.Unpickler):

@@ -17,17 +17,18 @@ import threading
 import time
 from collections import deque
 from pathlib import Path
+from typing import Any
 
 from vllm_contract import liveness, schema
+from vllm_contract.recorder import snapshot
 from vllm_contract.recorder.columns import warm_up
+from vllm_contract.recorder.records import (
+    STOP, Barrier, Drop, Error, Finish, Malformed, Manifest, Schedule, Stop, Transport, Update)
 from vllm_contract.recorder.reserve import Reserve
 from vllm_contract.recorder.rows import REDACTED_FIELDS, Columns
 from vllm_contract.recorder.segments import SegmentSet, write_json_atomic
 
 log = logging.getLogger("vllm.vllm_contract")  # under vLLM's logger: our lines join its log
-
-_STOP = object()
-
 
 def engine_dir_name(host: str, pid: int, dp_rank: int) -> str:
     return f"{schema.ENGINE_DIR_PREFIX}{host}-{pid}-dp{dp_rank}"
@@ -118,10 +119,22 @@ def new_manifest(manifest: dict, dp_rank: int, *, flush_steps: int, flush_second
     return m
 
 
-class TraceWriter:
-    raw = False  # takes snapshot.py's snapshots (the writer process takes the vLLM objects)
+def _cost(snap: snapshot.Scheduled) -> int:
+    """Rough bytes a queued schedule snapshot (and its update) keeps alive: for the pending
+    budget, so it must be cheap, not exact."""
+    prompts = 0
+    for item in snap.new:
+        p = item["req"].prompt_token_ids
+        prompts += len(p) if p is not None else 0
+    return 1024 + 160 * len(snap.num_scheduled_tokens) + 40 * prompts
 
-    def __init__(self, trace_dir: str | os.PathLike | None, manifest: dict, *, dp_rank: int = 0,
+
+class TraceWriter:
+    """writer_api.Writer in a thread of the engine's process; also the writer process's own
+    writer (writer_proc.py), which drives it through the same calls."""
+
+    def __init__(self, trace_dir: str | os.PathLike | None, manifest: dict,
+                 fields: snapshot.Fields, *, dp_rank: int = 0,
                  flush_steps: int = DEFAULTS["flush_steps"],
                  flush_seconds: float = DEFAULTS["flush_seconds"],
                  segment_bytes: int = DEFAULTS["segment_bytes"],
@@ -147,6 +160,7 @@ class TraceWriter:
                 on_full=on_full, redact_prompts=redact_prompts, pickle_opaque=pickle_opaque,
                 process=False)
         self._lock = liveness.hold(self.dir)
+        self.fields = fields
         self.flush_steps = flush_steps
         self.flush_seconds = flush_seconds
         self.max_pending = max_pending
@@ -184,27 +198,56 @@ class TraceWriter:
         self._thread = threading.Thread(target=self._run, name="vllm-contract-writer", daemon=True)
         self._thread.start()
 
-    # -- engine thread -------------------------------------------------------------------------
-    def submit(self, kind: str, step: int, *payload, cost: int = 0) -> bool:
+    # -- engine thread (writer_api.Writer) ---------------------------------------------------
+    def submit_schedule(self, step: int, t_ns: int, dur_ns: int, state: tuple,
+                        scheduler_output: Any, cost: int | None = None) -> bool:
+        """Snapshot a SchedulerOutput and queue it. cost: the bytes it keeps queued, when the
+        caller knows them (a writer process: the item's size); else estimated here."""
+        try:
+            snap = snapshot.scheduler_output(scheduler_output, self.fields)
+            if cost is None:
+                cost = _cost(snap)
+        except Exception as e:  # a malformed output: quarantined, recording goes on
+            self._items.append(Malformed(step, t_ns, "snapshot", f"{type(e).__name__}: {e}",
+                                         snapshot.plain_form(scheduler_output)))
+            return True
+        return self.put_schedule(Schedule(step, t_ns, dur_ns, state, snap, cost))
+
+    def put_schedule(self, item: Schedule) -> bool:
         """Queue a snapshot. The writer is woken once per flush_steps steps, not per step: every
         wake-up costs the engine a GIL hand-over. A schedule snapshot over the budget (steps or
         estimated bytes pending) is dropped, or with on_full="block" waited for."""
-        if kind == "schedule":
+        cost = item.cost
+        pending = self.submitted - self.taken
+        if (pending >= self.max_pending
+                or self.submitted_bytes - self.taken_bytes + cost > self.max_pending_bytes):
+            if not (self.block_when_full and self._wait_for_room(cost)):
+                self._items.append(Drop(item.step))
+                return False
             pending = self.submitted - self.taken
-            if (pending >= self.max_pending
-                    or self.submitted_bytes - self.taken_bytes + cost > self.max_pending_bytes):
-                if not (self.block_when_full and self._wait_for_room(cost)):
-                    self._items.append(("drop", step))
-                    return False
-                pending = self.submitted - self.taken
-            self.submitted += 1
-            self.submitted_bytes += cost
-            self._items.append((kind, step, cost, *payload))
-            if pending + 1 >= self.flush_steps:
-                self._wake.set()
-            return True
-        self._items.append((kind, step, *payload))
+        self.submitted += 1
+        self.submitted_bytes += cost
+        self._items.append(item)
+        if pending + 1 >= self.flush_steps:
+            self._wake.set()
         return True
+
+    def keep_model_output(self, model_runner_output: Any) -> dict:
+        return snapshot.model_output(model_runner_output, self.fields)
+
+    def submit_update(self, step: int, t_ns: int, dur_ns: int, model_output: Any,
+                      finishes: Any, transport: Any) -> None:
+        self._items.append(Update(step, t_ns, dur_ns, model_output, finishes, transport))
+
+    def submit_finish(self, step: int, t_ns: int, source: str, finishes: list) -> None:
+        self._items.append(Finish(step, t_ns, source, finishes))
+
+    def submit_transport(self, step: int, rows: list) -> None:
+        self._items.append(Transport(step, rows))
+
+    def put(self, item: tuple) -> None:
+        """Queue a record that is not a step's schedule (records.py), as it is."""
+        self._items.append(item)
 
     def _wait_for_room(self, cost: int) -> bool:
         """on_full="block": the engine waits for the writer (never for a dead one)."""
@@ -220,13 +263,13 @@ class TraceWriter:
 
     def update_manifest(self, **values) -> None:
         """Merge keys into the manifest; written by the writer thread, never the engine's."""
-        self._items.append(("manifest", -1, values))
+        self._items.append(Manifest(values))
         self._wake.set()
 
     def flush(self, timeout: float = 30.0) -> bool:
         """Block until everything submitted so far is written; False on timeout or failure."""
         done = threading.Event()
-        self._items.append(("barrier", -1, done))
+        self._items.append(Barrier(done))
         self._wake.set()
         return done.wait(timeout) and not self.failed
 
@@ -236,7 +279,7 @@ class TraceWriter:
         Returns whether the writer has finished."""
         if not self._stopping:
             self._stopping = True
-            self._items.append(_STOP)
+            self._items.append(STOP)
             self._wake.set()
         return self.wait_closed(timeout) if wait else not self._thread.is_alive()
 
@@ -257,14 +300,15 @@ class TraceWriter:
             barriers = []
             while self._items:
                 item = self._items.popleft()
-                if item is _STOP:
+                t = type(item)
+                if t is Stop:
                     self._finish()
                     for done in barriers:
                         done.set()
                     return
-                if item[0] == "barrier":
-                    barriers.append(item[2])
-                elif item[0] in ("manifest", "error"):  # also after a failure: the note counts
+                if t is Barrier:
+                    barriers.append(item.done)
+                elif t is Manifest or t is Error:  # also after a failure: the note counts
                     try:
                         self._take(item)
                     except Exception as e:
@@ -289,32 +333,34 @@ class TraceWriter:
                 done.set()
 
     def _take(self, item: tuple) -> None:
-        kind, step = item[0], item[1]
-        if kind == "schedule":
+        t = type(item)
+        if t is Schedule:
             self.taken += 1
-            self.taken_bytes += item[2]
-            self._end_gap(step)
-            if self._cols.add_schedule(step, *item[3:]):
+            self.taken_bytes += item.cost
+            self._end_gap(item.step)
+            if self._cols.add_schedule(item.step, item.t_ns, item.dur_ns, item.state, item.out):
                 self._unflushed_steps += 1  # recorded once a whole flush holds them
             else:
                 self._count_malformed(1)
-        elif kind == "malformed":  # (kind, step, t_ns, stage, error, plain form)
-            self._end_gap(step)
-            self._cols.quarantine(step, *item[2:])
+        elif t is Update:
+            self._cols.add_update(item.step, item.t_ns, item.dur_ns, item.model_output,
+                                  item.finishes, item.transport)
+        elif t is Malformed:
+            self._end_gap(item.step)
+            self._cols.quarantine(item.step, item.t_ns, item.stage, item.error, item.value)
             self._count_malformed(1)
-        elif kind == "update":
-            self._cols.add_update(step, *item[2:])
-        elif kind == "finish":
-            self._cols.add_finishes(step, *item[2:])
-        elif kind == "transport":
-            self._cols.add_transport(step, *item[2:])
-        elif kind == "manifest":
-            self.manifest.update(item[2])
+        elif t is Finish:
+            self._cols.add_finishes(item.step, item.t_ns, item.source, item.finishes)
+        elif t is Transport:
+            self._cols.add_transport(item.step, item.rows)
+        elif t is Manifest:
+            self.manifest.update(item.values)
             self._write_manifest()
-        elif kind == "error":
-            self.manifest["recorder_errors"].append({"time": item[3], "error": item[2]})
+        elif t is Error:
+            self.manifest["recorder_errors"].append({"time": item.when, "error": item.error})
             self._write_manifest()
-        elif kind == "drop":
+        elif t is Drop:
+            step = item.step
             self._last_drop = step
             if self._dropping_from is None:
                 self._dropping_from = step
@@ -322,6 +368,8 @@ class TraceWriter:
                     log.warning("vllm-contract: writer behind, dropping steps from %d (gaps are "
                                 "listed in the manifest)", step)
             self.manifest["dropped_steps_total"] = self.manifest.get("dropped_steps_total", 0) + 1
+        else:
+            raise TypeError(f"not a writer record: {t.__name__}")
 
     def _end_gap(self, step: int) -> None:
         if self._dropping_from is not None:
@@ -401,13 +449,13 @@ class TraceWriter:
         if self.failed:
             return
         self.failed = True
-        self._items.append(("error", -1, error, when))
+        self._items.append(Error(error, when))
         self._wake.set()
 
     def note_dropped(self, steps: list[int]) -> None:
         """Steps dropped before they reached this writer (a writer process's full ring)."""
         for step in steps:
-            self._items.append(("drop", step))
+            self._items.append(Drop(step))
 
     def _fail(self, e: BaseException) -> None:
         self.failed = True

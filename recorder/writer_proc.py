@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import pickle
 import signal
 import socket
 import subprocess
@@ -32,8 +31,12 @@ from typing import Any
 
 from vllm_contract import schema
 from vllm_contract.recorder import handoff
+from vllm_contract.recorder.records import (
+    STOP, Dropped, Error, Finish, Flush, Init, Malformed, Manifest, Schedule, Stop, Transport,
+    Update)
 from vllm_contract.recorder.ring import ACK, FAILED, RingReader, RingWriter
 from vllm_contract.recorder.segments import write_json_atomic
+from vllm_contract.recorder.snapshot import Fields, plain_form
 from vllm_contract.recorder.writer import (
     DEFAULTS, _new_engine_dir, check_options, engine_dir_name, new_manifest)
 
@@ -50,13 +53,11 @@ def available() -> bool:
 
 
 class ProcessWriter:
-    """TraceWriter's interface, from the engine process's side. It takes the SchedulerOutput and
-    ModelRunnerOutput themselves (raw): the pickle is the snapshot, and the child makes the
+    """writer_api.Writer from the engine process's side. It takes the SchedulerOutput and
+    ModelRunnerOutput themselves: the pickle is the snapshot, and the child makes the
     snapshot.py form of it."""
 
-    raw = True
-
-    def __init__(self, trace_dir: str | os.PathLike, manifest: dict, fields: dict, *,
+    def __init__(self, trace_dir: str | os.PathLike, manifest: dict, fields: Fields, *,
                  dp_rank: int = 0, **options: Any) -> None:
         """options: TraceWriter's (writer.DEFAULTS); the child's TraceWriter gets them."""
         unknown = set(options) - set(DEFAULTS)
@@ -89,14 +90,9 @@ class ProcessWriter:
             # it ends when the commit pipe does.
             start_new_session=True)
         self.ring.close_reader_end()  # the child's now
-        if not self._put(_control(("init", str(self.dir), first, options, fields))):
+        init = Init(str(self.dir), first, options, fields.to_dict())
+        if not self._put(handoff.encode_control(init)):
             raise RuntimeError("the writer ring cannot hold the first item")
-
-    # -- engine thread -------------------------------------------------------------------------
-    def encode_now(self, obj: Any) -> bytes:
-        """A copy of obj as it is now (a model output, before update_from_output() trims it),
-        to send later inside an item."""
-        return self._encoder.encode(obj)
 
     @property
     def failed(self) -> bool:
@@ -106,27 +102,55 @@ class ProcessWriter:
             return self._child_failed
         return bool(self.ring.header(FAILED))
 
-    def submit(self, kind: str, step: int, *payload: Any) -> bool:
-        """Queue an item; never waits (unless on_full="block"). A step the ring has no room for
-        is dropped and its number sent with the next item that fits."""
+    # -- engine thread (writer_api.Writer) ---------------------------------------------------
+    def submit_schedule(self, step: int, t_ns: int, dur_ns: int, state: tuple,
+                        scheduler_output: Any) -> bool:
+        """Never waits (unless on_full="block"). A step the ring has no room for is dropped and
+        its number sent with the next item that fits."""
         if self._failed:
             return False
-        data = self._encoder.encode((kind, step, *payload))
-        if kind == "schedule":  # committed with the step's update
-            if not self._catch_up() or not self._put(data, commit=False):
-                if not (self.block_when_full and self._wait_for_room(len(data))
-                        and self._put(data, commit=False)):
-                    self._dropped.append(step)
-                    return False
+        try:
+            data = self._encoder.encode_record(
+                Schedule(step, t_ns, dur_ns, state, scheduler_output))
+        except Exception as e:  # cannot be pickled (a cycle): quarantined, recording goes on
+            self._submit(Malformed(step, t_ns, "snapshot", f"{type(e).__name__}: {e}",
+                                   plain_form(scheduler_output)))
             return True
+        # Committed with the step's update.
+        if not self._catch_up() or not self._put(data, commit=False):
+            if not (self.block_when_full and self._wait_for_room(len(data))
+                    and self._put(data, commit=False)):
+                self._dropped.append(step)
+                return False
+        return True
+
+    def keep_model_output(self, model_runner_output: Any) -> bytes:
+        """The model output's pickle, sent later inside its Update."""
+        return self._encoder.encode(model_runner_output)
+
+    def submit_update(self, step: int, t_ns: int, dur_ns: int, model_output: bytes,
+                      finishes: Any, transport: Any) -> None:
+        self._submit(Update(step, t_ns, dur_ns, model_output, finishes, transport))
+
+    def submit_finish(self, step: int, t_ns: int, source: str, finishes: list) -> None:
+        self._submit(Finish(step, t_ns, source, finishes))
+
+    def submit_transport(self, step: int, rows: list) -> None:
+        self._submit(Transport(step, rows))
+
+    def _submit(self, item: tuple) -> None:
+        """Queue a record that is not a step's schedule; one the ring has no room for now is
+        sent before the next."""
+        if self._failed:
+            return
+        data = self._encoder.encode_record(item)
         if not self._catch_up() or not self._put(data):
             self._backlog.append(data)
-        return True
 
     def _catch_up(self) -> bool:
         """Send what waits (dropped step numbers, then refused items); True when nothing does."""
         if self._dropped:
-            if not self._put(_control(("dropped", -1, self._dropped))):
+            if not self._put(handoff.encode_control(Dropped(self._dropped))):
                 return False
             self._dropped = []
         while self._backlog:
@@ -156,7 +180,7 @@ class ProcessWriter:
     def _send(self, item: tuple, timeout: float) -> bool:
         """A control item that must arrive: waits for room up to timeout (also after a
         failure: the child still has to note it and seal the trace)."""
-        data = _control(item)
+        data = handoff.encode_control(item)
         deadline = time.monotonic() + timeout
         while not self.ring.closed_commits:
             if self._catch_up() and self._put(data):
@@ -169,7 +193,7 @@ class ProcessWriter:
 
     def update_manifest(self, **values: Any) -> None:
         """Merge keys into the manifest (written by the child)."""
-        data = _control(("manifest", -1, values))
+        data = handoff.encode_control(Manifest(values))
         if not self._catch_up() or not self._put(data):
             self._backlog.append(data)
 
@@ -178,7 +202,7 @@ class ProcessWriter:
         self._barrier += 1
         seq = self._barrier
         deadline = time.monotonic() + timeout
-        if not self._send(("barrier", seq), timeout):
+        if not self._send(Flush(seq), timeout):
             return False
         while self.ring.header(ACK) < seq:
             if self.failed or not self.alive() or time.monotonic() > deadline:
@@ -193,7 +217,7 @@ class ProcessWriter:
             return
         self._failed = True
         try:  # never raises into the engine, even if what failed was our pickling
-            data = _control(("error", -1, f"{type(e).__name__}: {e}", time.time()))
+            data = handoff.encode_control(Error(f"{type(e).__name__}: {e}", time.time()))
             if not self._catch_up() or not self._put(data):
                 self._backlog.append(data)
         except Exception as e2:
@@ -204,7 +228,7 @@ class ProcessWriter:
         trace. Returns whether it has finished."""
         if not self._stopping:
             self._stopping = True
-            self._send(("stop", -1), timeout)
+            self._send(STOP, timeout)
             try:
                 self.ring.close_commits()
             except OSError:
@@ -244,17 +268,8 @@ class ProcessWriter:
             log.error("vllm-contract: cannot update the manifest: %s", e2)
 
 
-def _control(item: tuple) -> bytes:
-    """A control item (plain data only): the standard pickler, independent of the Encoder's
-    state, which may be what just failed."""
-    return pickle.dumps(item, protocol=5)
-
-
 def child_main() -> None:
     """The writer process: read items from the ring until the stop or the end of the pipe."""
-    from vllm_contract.recorder.snapshot import Fields, model_output, plain_form, scheduler_output
-    from vllm_contract.recorder.writer import TraceWriter
-
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     fd, commit_fd, wake_fd, capacity = map(int, sys.argv[1:5])
     reader = RingReader(fd, commit_fd, wake_fd, capacity)
@@ -266,41 +281,14 @@ def child_main() -> None:
         more = reader.wait(busy)
         busy = reader.pending()
         for data in reader.items():
-            item = handoff.decode(data)
-            kind = item[0]
-            if kind == "init":
-                _, engine_dir, manifest, options, fields = item
-                fields = Fields.from_dict(fields)
-                w = TraceWriter(None, manifest, engine_dir=Path(engine_dir), **options)
-            elif kind == "stop":
+            item = handoff.decode_record(data)
+            if type(item) is Init:
+                w = _child_writer(item)
+            elif type(item) is Stop:
                 w.close(timeout=600)
                 return
-            elif kind == "barrier":
-                w.flush(timeout=600)
-                reader.set(ACK, item[1])
-            elif kind == "dropped":
-                w.note_dropped(item[2])
-            elif kind == "manifest":
-                w.update_manifest(**item[2])
-            elif kind == "error":  # the engine side failed: as TraceWriter.fail() there
-                w.note_failure(item[2], item[3])
-            elif kind == "schedule":  # (kind, step, t_ns, dur_ns, state, SchedulerOutput)
-                try:
-                    snap = scheduler_output(item[5], fields)
-                except Exception as e:  # a malformed output: quarantined, recording goes on
-                    w.submit("malformed", item[1], item[2], "snapshot",
-                             f"{type(e).__name__}: {e}", plain_form(item[5]))
-                    continue
-                if not w.submit(kind, item[1], *item[2:5], snap, cost=len(data)):
-                    dropped.add(item[1])
-            elif kind == "update":  # (kind, step, t_ns, dur_ns, ModelRunnerOutput pickled, ...)
-                if item[1] in dropped:
-                    dropped.discard(item[1])
-                    continue
-                m = model_output(handoff.decode(item[4]), fields)
-                w.submit(kind, item[1], item[2], item[3], m, *item[5:])
             else:
-                w.submit(kind, item[1], *item[2:])
+                _take(w, item, data, reader, dropped)
         if w is not None and w.failed and not told_failed:
             told_failed = True
             reader.set(FAILED, 1)
@@ -311,6 +299,40 @@ def child_main() -> None:
                                            "recording; the writer process wrote what it had")
                 w.close(timeout=600)
             return
+
+
+def _child_writer(init: Init) -> Any:
+    from vllm_contract.recorder.writer import TraceWriter
+
+    return TraceWriter(None, init.manifest, Fields.from_dict(init.fields),
+                       engine_dir=Path(init.engine_dir), **init.options)
+
+
+def _take(w: Any, item: tuple, data: bytes, reader: RingReader, dropped: set[int]) -> None:
+    """One record from the ring into the child's TraceWriter, through the calls the engine's
+    own writer thread would get, with the objects the pickles made."""
+    t = type(item)
+    if t is Schedule:  # the pickle's size is what it kept queued
+        if not w.submit_schedule(item.step, item.t_ns, item.dur_ns, item.state, item.out,
+                                 cost=len(data)):
+            dropped.add(item.step)
+    elif t is Update:
+        if item.step in dropped:
+            dropped.discard(item.step)
+            return
+        m = w.keep_model_output(handoff.decode(item.model_output))
+        w.submit_update(item.step, item.t_ns, item.dur_ns, m, item.finishes, item.transport)
+    elif t is Flush:
+        w.flush(timeout=600)
+        reader.set(ACK, item.seq)
+    elif t is Dropped:
+        w.note_dropped(item.steps)
+    elif t is Manifest:
+        w.update_manifest(**item.values)
+    elif t is Error:  # the engine side failed: as TraceWriter.fail() there
+        w.note_failure(item.error, item.when)
+    else:  # Finish, Transport, Malformed: as they are
+        w.put(item)
 
 
 if __name__ == "__main__":
