@@ -1,6 +1,6 @@
 """Stepping over a trace with a worker: what the TUI and `vllm-contract replay` use.
 
-`Session(trace, worker="shadow")` steps the shadow worker (replay/worker/shadow.py) over one
+`Session(trace, worker="shadow")` steps the shadow worker (replay/worker/shadow/) over one
 engine of a trace. Going back (or far ahead) restores the nearest checkpoint at or below the
 target (one every `checkpoint_every` steps, a packed snapshot of the whole state) and replays
 forward from it: at most `checkpoint_every - 1` steps of pure-Python work.

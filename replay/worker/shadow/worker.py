@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from vllm_contract.findings import Finding
+from vllm_contract.findings import Finding, by_step
 from vllm_contract.replay.worker.shadow.fast import FastModel
 from vllm_contract.replay.worker.shadow.state import Checkpoints
 
@@ -129,5 +129,5 @@ def run_shadow(trace, strict_order: bool = False,
         if not w.run(progress=progress, cancel=cancel):
             break
         out.extend(w.findings)
-    out.sort(key=lambda f: (f.engine or "", -1 if f.step is None else f.step, f.req_id or ""))
+    out.sort(key=by_step)
     return out
