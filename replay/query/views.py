@@ -128,21 +128,24 @@ LEFT JOIN agg a ON a.engine = i.engine AND a.req_id = i.req_id AND a.intro_step 
 LEFT JOIN ev ON ev.engine = i.engine AND ev.req_id = i.req_id AND ev.intro_step = i.intro_step
 """
 
-# Fingerprints of a pair of integers (a step and a count or an id's key), summed over a set of
+# Fingerprints of a pair of values (a step and a count or a request id), summed over a set of
 # pairs: two sets with equal sums of both fingerprints are the same set, barring a collision of
-# two independent 31-bit fingerprints. Plain integer arithmetic (docs/portable-sql.md): DuckDB's
-# HASH is 64-bit unsigned and Spark's 32-bit signed, so sums of HASH meant different things on
-# the two engines. Each fingerprint is the cube, modulo a prime P with P % 3 = 2 (so cubing
-# mixes without merging values), of a*K + b modulo P; with a (a step) below 2^31 and K below
-# 2^32 nothing exceeds a BIGINT, and a sum of fingerprints over 2^32 rows still fits one.
-FINGERPRINTS = ((2654435761, 2147483579), (2246822519, 2147483549))
+# two independent 31-bit fingerprints. Each is the engine's own HASH of the pair, the one of
+# (a, b) and the other of (b, a), reduced modulo a prime P below 2^31 (docs/portable-sql.md):
+# DuckDB's HASH is 64-bit unsigned and Spark's 32-bit signed, so the values differ between the
+# engines, but a fingerprint is only ever compared with one the same engine computed, and
+# reduced it is below P in magnitude on both (a remainder keeps its dividend's sign in Spark),
+# so a sum over 2^32 rows fits a BIGINT. Hashing the id itself needs no numbering of the ids:
+# a join of every row with the numbers was much of what the fingerprints cost.
+FINGERPRINTS = (2147483579, 2147483549)
 
 
 def fingerprint(a: str, b: str, which: int) -> str:
-    """SQL for fingerprint `which` (0 or 1) of the pair (a, b): NULL if either is NULL."""
-    k, p = FINGERPRINTS[which]
-    x = f"((({a}) * {k} + ({b})) % {p})"
-    return f"({x} * {x} % {p} * {x} % {p})"
+    """SQL for fingerprint `which` (0 or 1) of the pair (a, b). Both sides of a comparison must
+    give the pair the same types (a hash reads a value's bytes: Spark's INT and BIGINT 1 differ)."""
+    p = FINGERPRINTS[which]
+    pair = f"{a}, {b}" if which == 0 else f"{b}, {a}"
+    return f"CAST(HASH({pair}) % {p} AS BIGINT)"
 
 
 # Every listed request id, and whether its rows need the window to find each row's previous
@@ -167,8 +170,7 @@ RUN_GROUPS_PASS = """
            ARG_MAX(num_computed_tokens + num_scheduled_tokens, step) AS last_end,
            MAX(num_computed_tokens + num_scheduled_tokens - COALESCE(num_output_tokens, 0))
                AS most_ahead,
-           SUM({fp_start_0}) AS starts_0, SUM({fp_start_1}) AS starts_1,
-           SUM({fp_end_0}) AS ends_0, SUM({fp_end_1}) AS ends_1
+           SUM({fp_start_0} - {fp_end_0}) AS drift_0, SUM({fp_start_1} - {fp_end_1}) AS drift_1
     FROM scheduled
     WHERE {{only}} AND kind IS NOT NULL
     GROUP BY {{by}}req_id""".format(
@@ -203,10 +205,10 @@ candidates AS (
          AND (i.next_intro_step IS NULL OR i.next_intro_step > g.first_step)
     WHERE g.n = g.last_step - g.first_step + 1 AND g.n_computed = g.n AND g.n_scheduled = g.n
       AND d.req_id IS NULL AND g.uncached = CASE WHEN g.first_kind = 'cached' THEN 0 ELSE 1 END
-      AND g.starts_0 - {fingerprint("g.first_step", "g.first_computed", 0)}
-          = g.ends_0 - {fingerprint("g.last_step + 1", "g.last_end", 0)}
-      AND g.starts_1 - {fingerprint("g.first_step", "g.first_computed", 1)}
-          = g.ends_1 - {fingerprint("g.last_step + 1", "g.last_end", 1)}
+      AND g.drift_0 = {fingerprint("g.first_step", "g.first_computed", 0)}
+                      - {fingerprint("g.last_step + 1", "g.last_end", 0)}
+      AND g.drift_1 = {fingerprint("g.first_step", "g.first_computed", 1)}
+                      - {fingerprint("g.last_step + 1", "g.last_end", 1)}
     GROUP BY g.engine, g.req_id, g.first_step
 )
 SELECT g.engine, g.req_id, g.first_step, g.last_step, g.first_kind, g.last_end, g.most_ahead,
@@ -278,9 +280,9 @@ FROM windowed_runs
 # Each step's listed requests (rows with a token count) summed up: read by the checks that compare
 # a step's rows with the step (its total, the budget, the model output's ids, max_model_len). One
 # pass over the rows instead of one per check. One engine at a time (see per_engine).
-# Each id listed with tokens or in the model output, numbered: `step_totals` and
-# outputs.ids_mismatch fingerprint (step, id) pairs by the number (strings have no portable
-# hash cheap enough for every row; see docs/portable-sql.md). One engine at a time.
+# Each id listed with tokens or in the model output, numbered (no check reads it: the
+# fingerprints hash the ids themselves; kept for queries that want a number per id). One engine
+# at a time.
 REQ_KEYS_PASS = """
 SELECT {pick} AS engine, req_id
 FROM (SELECT engine, req_id FROM scheduled
@@ -303,10 +305,9 @@ SELECT {{pick}} AS engine, s.step, COUNT(*) AS n,
        SUM({fp_id_1}) AS ids_fp_1,
        MAX(s.num_computed_tokens + s.num_scheduled_tokens) AS most_tokens
 FROM scheduled s
-LEFT JOIN req_keys k ON k.engine = s.engine AND k.req_id = s.req_id
 WHERE {{only}} AND s.num_scheduled_tokens IS NOT NULL
-GROUP BY {{by}}s.step""".format(fp_id_0=fingerprint("s.step", "k.k", 0),
-                         fp_id_1=fingerprint("s.step", "k.k", 1))
+GROUP BY {{by}}s.step""".format(fp_id_0=fingerprint("s.step", "s.req_id", 0),
+                         fp_id_1=fingerprint("s.step", "s.req_id", 1))
 
 # The rows that hand out blocks or reset a block table (about one row in fourteen of a decoding
 # trace), with their block ids in one list: the three block checks read these instead of each
@@ -413,7 +414,7 @@ VIEW_DOCS = {
                 "`model_outputs`: engine, req_id, k (a number, unique in its engine).",
     "step_totals": "One row per step with listed requests: engine, step, n (rows with a token "
                    "count), tokens (their sum), ids_fp_0 and ids_fp_1 (the sums of the two "
-                   "fingerprints of (step, req_keys.k) over them, see docs/portable-sql.md: "
+                   "fingerprints of (step, req_id) over them, see docs/portable-sql.md: "
                    "two steps, or two spans of steps summed, list the same ids when n and both "
                    "sums agree, barring a collision), most_tokens (the largest "
                    "num_computed_tokens + num_scheduled_tokens).",

@@ -184,7 +184,7 @@ def test_ids_fingerprints_are_step_totals():
     from vllm_contract.replay.query.views import fingerprint
 
     sql = next(i.sql for i in catalog.load() if i.id == "outputs.ids_mismatch")
-    assert fingerprint("m.step", "k.k", 0) in sql and fingerprint("m.step", "k.k", 1) in sql
+    assert fingerprint("m.step", "m.req_id", 0) in sql and fingerprint("m.step", "m.req_id", 1) in sql
 
 
 def test_json_members_by_a_computed_key_are_spark_brackets():

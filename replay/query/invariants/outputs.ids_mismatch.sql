@@ -4,7 +4,7 @@
 -- why: update_from_output() indexes sampled tokens by req_id_to_index; a missing id drops that
 --      request's token, an extra one is a request the scheduler did not run.
 -- relies_on: vllm/v1/core/sched/scheduler.py Scheduler.update_from_output
--- needs: scheduled, model_outputs, updates, step_totals, req_keys
+-- needs: scheduled, model_outputs, updates, step_totals
 -- columns: engine, step, req_id, details
 WITH updated AS (
     SELECT engine, MIN(step) AS lo, MAX(step) AS hi, COUNT(DISTINCT step) AS n_steps
@@ -25,11 +25,10 @@ out_all AS (
     -- every row (a join with the span would cost more than the sums): the span's bounds say
     -- whether they all lie in it. The fingerprints are step_totals' (views.fingerprint).
     SELECT m.engine, COUNT(*) AS n,
-           SUM(((((m.step) * 2654435761 + (k.k)) % 2147483579) * (((m.step) * 2654435761 + (k.k)) % 2147483579) % 2147483579 * (((m.step) * 2654435761 + (k.k)) % 2147483579) % 2147483579)) AS h0,
-           SUM(((((m.step) * 2246822519 + (k.k)) % 2147483549) * (((m.step) * 2246822519 + (k.k)) % 2147483549) % 2147483549 * (((m.step) * 2246822519 + (k.k)) % 2147483549) % 2147483549)) AS h1,
+           SUM(CAST(HASH(m.step, m.req_id) % 2147483579 AS BIGINT)) AS h0,
+           SUM(CAST(HASH(m.req_id, m.step) % 2147483549 AS BIGINT)) AS h1,
            MIN(m.step) AS lo, MAX(m.step) AS hi
     FROM model_outputs m
-    LEFT JOIN req_keys k ON k.engine = m.engine AND k.req_id = m.req_id
     GROUP BY m.engine
 ),
 settled AS (
@@ -68,10 +67,9 @@ sched_fp AS (
 ),
 out_fp AS (
     SELECT m.engine, m.step, COUNT(*) AS n,
-           SUM(((((m.step) * 2654435761 + (k.k)) % 2147483579) * (((m.step) * 2654435761 + (k.k)) % 2147483579) % 2147483579 * (((m.step) * 2654435761 + (k.k)) % 2147483579) % 2147483579)) AS h0,
-           SUM(((((m.step) * 2246822519 + (k.k)) % 2147483549) * (((m.step) * 2246822519 + (k.k)) % 2147483549) % 2147483549 * (((m.step) * 2246822519 + (k.k)) % 2147483549) % 2147483549)) AS h1
+           SUM(CAST(HASH(m.step, m.req_id) % 2147483579 AS BIGINT)) AS h0,
+           SUM(CAST(HASH(m.req_id, m.step) % 2147483549 AS BIGINT)) AS h1
     FROM model_outputs m JOIN unsettled_span b ON m.step >= b.lo AND m.step <= b.hi
-    LEFT JOIN req_keys k ON k.engine = m.engine AND k.req_id = m.req_id
     GROUP BY m.engine, m.step
 ),
 suspect AS (
