@@ -99,11 +99,25 @@ class EngineTrace:
         table = schema.table_of(path)
         if path.suffix != schema.SEGMENT_SUFFIX or table == "steps":
             return None
-        if path.name not in self._commits:
-            self._commits[path.name] = _commits(schema.table_dir(self.dir, "steps") / path.name,
-                                                self.root or self.dir)
-        rows = self._commits[path.name]
+        rows = self.commits(schema.table_dir(self.dir, "steps") / path.name)
         return None if rows is None else rows.get(table, 0)
+
+    def commits(self, steps_path: Path) -> dict[str, int] | None:
+        """The rows per table that a `steps` stream's commit markers count (see _commits)."""
+        if steps_path.suffix != schema.SEGMENT_SUFFIX:
+            return None
+        if steps_path.name not in self._commits:
+            self._commits[steps_path.name] = _commits(steps_path, self.root or self.dir)
+        return self._commits[steps_path.name]
+
+    def lost_rows(self) -> list[str]:
+        """One "PATH: what" per segment whose rows are gone (completeness.py); asked once."""
+        if "_lost" not in self._commits:
+            from vllm_contract import completeness
+
+            with reading(self.dir):
+                self._commits["_lost"] = completeness.lost_rows(self)
+        return self._commits["_lost"]
 
     @property
     def name(self) -> str:
@@ -215,6 +229,8 @@ def verify_parquet(path: Path, root: Path | None = None) -> bool:
     _conform(path, schema.empty(found), want)
     if PAGE_CHECKSUMS_KEY not in (found.metadata or {}):
         return True
+    if not _checksummed(path):
+        return False  # for segment() to read and note
     try:
         f = pq.ParquetFile(path, page_checksum_verification=True)
         for i in range(f.metadata.num_row_groups):
@@ -223,6 +239,13 @@ def verify_parquet(path: Path, root: Path | None = None) -> bool:
         _damaged_or_unreadable(path, e)
         return False
     return True
+
+
+def _checksummed(path: Path) -> bool:
+    from vllm_contract import completeness
+
+    with reading(f"{path}: unreadable Parquet segment"):
+        return completeness.has_page_checksums(path)
 
 
 def _read_parquet(path: Path, columns: list[str] | None, **options) -> pa.Table:
@@ -284,6 +307,10 @@ def read_segment(path: Path, warnings: list[str], columns: list[str] | None = No
         with reading(f"{path}: unreadable Parquet segment"):
             found = pq.read_schema(path)
         _conform(path, schema.empty(found), _want(path, None))
+        if PAGE_CHECKSUMS_KEY in (found.metadata or {}) and not _checksummed(path):
+            # pyarrow passes a page without a checksum: the marker alone would vouch for it
+            problems.append(f"{path}: marked as carrying page checksums, but its pages have "
+                            "none (rewritten by another tool: its data cannot be verified)")
         try:
             data = _read_parquet(path, columns, page_checksum_verification=True)
         except _BAD_INPUT as e:
@@ -302,19 +329,21 @@ def read_segment(path: Path, warnings: list[str], columns: list[str] | None = No
     except OSError as e:
         raise TraceError(f"{path}: cannot read segment ({e.strerror or e})") from None
     if not data:
-        if not live:  # a live writer's stream before its first flush
+        # rows committed to it are lost, not unwritten: completeness.py reports them
+        if not live and not keep_rows:  # a live writer's stream before its first flush
             warnings.append(f"{path}: empty segment (the writer died before its first write)")
         return None
     try:
         reader = ipc.open_stream(pa.py_buffer(data))
     except _BAD_INPUT as e:
         if _torn_in_schema(data):
-            if not live:
+            if not live and not keep_rows:
                 warnings.append(f"{path}: torn before its schema was written (no data lost)")
             return None
         raise TraceError(f"{path}: not an Arrow stream segment ({e})") from None
     batches = []
     bad = 0
+    torn: Exception | None = None
     try:
         while True:
             try:
@@ -326,15 +355,18 @@ def read_segment(path: Path, warnings: list[str], columns: list[str] | None = No
                     bad += 1
             batches.append(batch)
     except _BAD_INPUT as e:
-        if not live:  # else the writer is mid-batch: its whole ones are what is flushed
-            warnings.append(f"{path}: truncated after {len(batches)} whole batches "
-                            f"(kept; the writer did not finish: {e})")
+        torn = e
     if bad:
         problems.append(f"{path}: {bad} of {len(batches)} batches fail their checksum "
                         "(data damaged after it was written)")
     with reading(path):
         table = pa.Table.from_batches(batches, schema=reader.schema)
     table = _conform(path, table, _want(path, None))
+    if torn is not None and not live:  # else the writer is mid-batch: its whole ones are flushed
+        why = (f"the writer did not finish: {torn}" if keep_rows is None
+               or table.num_rows >= keep_rows else
+               f"short of the {keep_rows} rows its flushes committed: rows lost, not unwritten")
+        warnings.append(f"{path}: truncated after {len(batches)} whole batches (kept; {why})")
     if keep_rows is not None and table.num_rows > keep_rows:
         if not live:
             warnings.append(f"{path}: {table.num_rows - keep_rows} rows of a flush the writer "
@@ -393,6 +425,16 @@ class Trace:
     @property
     def problems(self) -> list[str]:
         return [p for e in self.engines for p in e.problems]
+
+    def lost_rows(self) -> list[tuple[EngineTrace, str]]:
+        """(engine, "PATH: what") per segment whose rows were lost after they were written; rows
+        under a partition no manifest names go to the first engine (they have none)."""
+        from vllm_contract import completeness
+
+        with reading(self.root):
+            stray = completeness.unknown_partitions(self)
+        return ([(e, p) for e in self.engines for p in e.lost_rows()]
+                + [(self.engines[0], p) for p in stray])
 
 
 def open_trace(path: str | Path) -> Trace:

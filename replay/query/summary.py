@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 # The checks on the recording's own integrity whose findings `info` lists too: `info` and
 # `check` then agree on them by construction (the same SQL).
 INTEGRITY_CHECKS = ("trace.checksum", "trace.count_mismatch", "trace.duplicate_rows",
-                    "trace.impossible_steps", "trace.recorder_stopped")
+                    "trace.impossible_steps", "trace.lost_rows", "trace.recorder_stopped")
 
 
 # For each update_from_output(): how many schedule() calls from its own step on had returned
@@ -121,7 +121,7 @@ def _engine_summary(e, checked: list[str] | None, con) -> dict:
         expected = hi - lo + 1
         if expected != distinct:  # repeats are not steps
             integrity.append(f"{expected - distinct} step numbers missing between {lo} and {hi}")
-    integrity += list(e.problems) if checked is None else checked
+    integrity += list(e.problems) + e.lost_rows() if checked is None else checked
     return {
         "engine": e.name,
         "path": str(e.dir),

@@ -43,14 +43,15 @@ def engine_row(e) -> dict:
             "recording": e.recording is True}
 
 
-def problem_row(e, problem: str) -> dict:
-    """A reader's "PATH: what" as a row of `integrity`, naming the segment within its engine."""
+def problem_row(e, problem: str, kind: str = "checksum") -> dict:
+    """A reader's "PATH: what" as a row of `integrity`, naming the segment within its engine;
+    `kind`: 'checksum' (data that fails its checksum) or 'lost' (rows gone since written)."""
     path, _, details = problem.partition(": ")
     try:
         path = str(Path(path).relative_to(e.dir))
     except ValueError:
         pass
-    return {"engine": e.name, "segment": path, "details": details}
+    return {"engine": e.name, "segment": path, "details": details, "kind": kind}
 
 
 def pruned_steps(manifest: dict) -> int:
@@ -60,7 +61,7 @@ def pruned_steps(manifest: dict) -> int:
 
 
 INTEGRITY_SCHEMA = pa.schema([pa.field("engine", pa.string()), pa.field("segment", pa.string()),
-                              pa.field("details", pa.string())])
+                              pa.field("details", pa.string()), pa.field("kind", pa.string())])
 DROPPED_SCHEMA = pa.schema([pa.field("engine", pa.string()), pa.field("first_step", pa.int64()),
                             pa.field("last_step", pa.int64())])
 
@@ -75,7 +76,8 @@ def manifest_tables(trace) -> dict[str, pa.Table]:
                                      for e in engines
                                      for a, b in e.manifest.get("dropped_steps", [])],
                                     DROPPED_SCHEMA),
-        "integrity": schema.from_rows([problem_row(e, p) for e in engines for p in e.problems],
+        "integrity": schema.from_rows([problem_row(e, p) for e in engines for p in e.problems]
+                                      + [problem_row(e, p, "lost") for e, p in trace.lost_rows()],
                                       INTEGRITY_SCHEMA),
     }
 
@@ -409,7 +411,8 @@ VIEW_DOCS = {
     "engines": "One row per engine (from its manifest): the settings checks compare against.",
     "dropped": "One row per range of steps the recorder dropped (writer behind).",
     "integrity": "One row per segment whose data fails its checksum (damaged after it was "
-                 "written): engine, segment (its path), details.",
+                 "written) or whose rows were lost since: engine, segment (its path), details, "
+                 "kind ('checksum' or 'lost').",
     "req_keys": "One row per request id listed with tokens in `scheduled` or in "
                 "`model_outputs`: engine, req_id, k (a number, unique in its engine).",
     "step_totals": "One row per step with listed requests: engine, step, n (rows with a token "

@@ -18,7 +18,7 @@ from vllm_contract.recorder.compact import compact
 from vllm_contract.trace import open_trace
 
 INTEGRITY = ("trace.checksum", "trace.count_mismatch", "trace.duplicate_rows",
-             "trace.impossible_steps")
+             "trace.impossible_steps", "trace.lost_rows")
 
 
 def errors(root) -> dict[str, list[str]]:

@@ -11,3 +11,4 @@
 SELECT engine, CAST(NULL AS BIGINT) AS step, CAST(NULL AS VARCHAR) AS req_id,
        segment || ': ' || details AS details
 FROM integrity
+WHERE kind = 'checksum'
