@@ -178,6 +178,8 @@ def markdown(invariants: list[Invariant]) -> str:
            "on a trace that lacks one of those tables the check is skipped, except for those "
            "it reads when present, which an absent table leaves empty. The SQL keeps to the rules "
            "of docs/portable-sql.md, so that `check --sql-engine spark` finds the same.", "",
+           "Every read vLLM's model runner makes of the scheduler's output, and which check "
+           "guards it: [docs/worker-reads.md](worker-reads.md).", "",
            "| id | severity | title |", "|---|---|---|"]
     out += [f"| `{i.id}` | {i.severity} | {i.title} |" for i in invariants]
     for i in invariants:
