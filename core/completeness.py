@@ -13,7 +13,6 @@ gone into Parquet) carry no markers: there the manifest's counts are all that is
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.ipc as ipc
@@ -21,8 +20,8 @@ import pyarrow.parquet as pq
 
 from vllm_contract import schema
 
-if TYPE_CHECKING:
-    from vllm_contract.trace import EngineTrace, Trace
+# `EngineTrace` and `Trace` below are trace.py's, which imports this module: annotations only
+# (never evaluated), so that no import runs back into trace.py.
 
 _MARKERS = "the steps stream's commit markers"
 

@@ -24,7 +24,7 @@ import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
 from vllm_contract import manifest as manifest_schema
-from vllm_contract import liveness, schema
+from vllm_contract import completeness, liveness, schema
 from vllm_contract.errors import TraceError
 
 # The key of a stream batch's custom metadata holding the CRC-32 of the batch as serialized
@@ -113,8 +113,6 @@ class EngineTrace:
     def lost_rows(self) -> list[str]:
         """One "PATH: what" per segment whose rows are gone (completeness.py); asked once."""
         if "_lost" not in self._commits:
-            from vllm_contract import completeness
-
             with reading(self.dir):
                 self._commits["_lost"] = completeness.lost_rows(self)
         return self._commits["_lost"]
@@ -242,8 +240,6 @@ def verify_parquet(path: Path, root: Path | None = None) -> bool:
 
 
 def _checksummed(path: Path) -> bool:
-    from vllm_contract import completeness
-
     with reading(f"{path}: unreadable Parquet segment"):
         return completeness.has_page_checksums(path)
 
@@ -429,8 +425,6 @@ class Trace:
     def lost_rows(self) -> list[tuple[EngineTrace, str]]:
         """(engine, "PATH: what") per segment whose rows were lost after they were written; rows
         under a partition no manifest names go to the first engine (they have none)."""
-        from vllm_contract import completeness
-
         with reading(self.root):
             stray = completeness.unknown_partitions(self)
         return ([(e, p) for e in self.engines for p in e.lost_rows()]
