@@ -55,7 +55,7 @@ def type_name(value: Any) -> str:
     return f"{t.__module__}.{t.__qualname__}"
 
 
-def _size(value: Any) -> int:
+def byte_size(value: Any) -> int:
     nbytes = getattr(value, "nbytes", None)
     if isinstance(nbytes, int):
         return nbytes
@@ -73,7 +73,7 @@ def opaque(value: Any) -> dict:
     if type(value) is Stub:  # as opaque() described the object it stands for
         out = {"__opaque__": value._vc_type[1], "size": value._vc_type[2]}
     else:
-        out = {"__opaque__": type_name(value), "size": _size(value)}
+        out = {"__opaque__": type_name(value), "size": byte_size(value)}
     shape = getattr(value, "shape", None)
     if shape is not None:
         try:

@@ -26,7 +26,7 @@ import pickle
 from array import _array_reconstructor, array
 from typing import Any
 
-from vllm_contract.plain import Opaque, Stub, _size, opaque
+from vllm_contract.plain import Opaque, Stub, byte_size, opaque
 from vllm_contract.recorder.records import RING_RECORDS
 
 # Fields the trace does not keep and the writer process does not read: not worth a copy.
@@ -88,7 +88,7 @@ class _Pickler(pickle.Pickler):
         if kind is _NATIVE:
             return NotImplemented
         if type(kind) is tuple:  # field names of a dataclass or struct
-            return Stub, (t.__qualname__, f"{t.__module__}.{t.__qualname__}", _size(obj),
+            return Stub, (t.__qualname__, f"{t.__module__}.{t.__qualname__}", byte_size(obj),
                           {name: getattr(obj, name, None) for name in kind})
         if kind is Opaque:
             if (t is type or t is _BUILTIN_FUNCTION) and obj in _GLOBALS:

@@ -34,7 +34,7 @@ def engine_dir_name(host: str, pid: int, dp_rank: int) -> str:
     return f"{schema.ENGINE_DIR_PREFIX}{host}-{pid}-dp{dp_rank}"
 
 
-def _new_engine_dir(root: Path, name: str) -> Path:
+def new_engine_dir(root: Path, name: str) -> Path:
     """An engine home (TRACE/_engines/<name>) no other recording uses: a second attach() in
     the same process and rank gets `<name>.1`, and so on. Never reuse one: its segments would
     be truncated."""
@@ -151,7 +151,7 @@ class TraceWriter:
         if engine_dir is not None:
             self.dir, self.manifest = Path(engine_dir), manifest
         else:
-            self.dir = _new_engine_dir(Path(trace_dir),
+            self.dir = new_engine_dir(Path(trace_dir),
                                        engine_dir_name(socket.gethostname(), os.getpid(), dp_rank))
             self.manifest = new_manifest(
                 manifest, dp_rank, flush_steps=flush_steps, flush_seconds=flush_seconds,

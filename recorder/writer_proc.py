@@ -38,7 +38,7 @@ from vllm_contract.recorder.ring import ACK, FAILED, RingReader, RingWriter
 from vllm_contract.recorder.segments import write_json_atomic
 from vllm_contract.recorder.snapshot import Fields, plain_form
 from vllm_contract.recorder.writer import (
-    DEFAULTS, _new_engine_dir, check_options, engine_dir_name, new_manifest)
+    DEFAULTS, new_engine_dir, check_options, engine_dir_name, new_manifest)
 
 log = logging.getLogger("vllm.vllm_contract")  # under vLLM's logger: our lines join its log
 
@@ -66,7 +66,7 @@ class ProcessWriter:
         options = {**DEFAULTS, **options}
         options["segment_bytes"] = check_options(options["on_full"], options["segment_bytes"],
                                                  options["max_trace_bytes"])
-        self.dir = _new_engine_dir(Path(trace_dir),
+        self.dir = new_engine_dir(Path(trace_dir),
                                    engine_dir_name(socket.gethostname(), os.getpid(), dp_rank))
         first = new_manifest(manifest, dp_rank, process=True, **options)
         write_json_atomic(self.dir / schema.MANIFEST, first)  # a trace exists from here on
