@@ -164,6 +164,15 @@ def python_loop(path: Path) -> tuple[float, int]:
     return time.perf_counter() - t0, findings
 
 
+def generated(root: Path) -> bool:
+    """Whether --keep already holds gen_trace's trace there (format 2: its engine's manifest
+    under _engines/), so that it is timed again rather than generated again."""
+    from vllm_contract import schema
+
+    return (root / schema.ENGINES_DIR / f"{schema.ENGINE_DIR_PREFIX}bench-0-dp0"
+            / schema.MANIFEST).exists()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=1_000_000)
@@ -180,10 +189,10 @@ def main() -> None:
     big = root / f"big-{a.steps}"
     small = big if a.subset_steps == a.steps else root / f"small-{a.subset_steps}"
     t0 = time.perf_counter()
-    if not (big / "engine=bench-0-dp0" / "manifest.json").exists():
+    if not generated(big):
         generate(big, a.steps, 64, 20_000)
     gen_s = time.perf_counter() - t0
-    if not (small / "engine=bench-0-dp0" / "manifest.json").exists():
+    if not generated(small):
         generate(small, a.subset_steps, 64, 20_000)
 
     # Scan and catalog alternate, --pairs times: on this machine one run of either moved a lot
