@@ -44,6 +44,15 @@ def rows_on_disk(path: Path) -> int:
     return n
 
 
+def _has_schema(stream: Path) -> bool:
+    """Whether a stream segment got as far as its schema (not empty, not torn inside it)."""
+    try:
+        ipc.open_stream(pa.py_buffer(stream.read_bytes()))
+    except (pa.ArrowException, OSError, ValueError, EOFError):
+        return False
+    return True
+
+
 def _lost_committed(e: EngineTrace, by_table: dict[str, dict[str, Path]]) -> list[str]:
     """Rows the commit markers count that their table's segment does not hold."""
     out = []
@@ -71,19 +80,21 @@ def _lost_steps(e: EngineTrace, by_table: dict[str, dict[str, Path]]) -> list[st
     flush in `steps` last, so only damage leaves rows without their steps."""
     out = []
     steps = by_table["steps"]
+    # a segment deleted at the size cap whose deletion was cut short (steps go first)
+    pruned = {f"{p['segment']:06d}" for p in e.manifest.get("pruned_segments", [])
+              if p.get("segment") is not None}
     for table, paths in by_table.items():
         if table == "steps":
             continue
         for seq, path in sorted(paths.items()):
             mate = steps.get(seq)
-            if mate is not None and (mate.suffix == schema.PARQUET_SUFFIX
-                                     or e.commits(mate) is not None):
-                continue
-            if mate is not None and rows_on_disk(mate) > 0:
-                continue  # a stream written before commit markers existed
+            if seq in pruned or (mate is not None and (mate.suffix == schema.PARQUET_SUFFIX
+                                                       or _has_schema(mate))):
+                continue  # a stream's markers are _lost_committed's; one without, pre-markers
             held = rows_on_disk(path)
             if held:
-                what = "gone" if mate is None else "empty"
+                what = ("gone" if mate is None else "empty" if not mate.stat().st_size
+                        else "torn before its schema")
                 out.append(f"{path}: holds {held} row(s) of table {table}, but segment {seq} "
                            f"of steps (its steps and their commit markers) is {what}")
     return out
