@@ -47,7 +47,7 @@ SCAN_COLUMNS = {
     "preempted": ("step", "req_id"),
     "freed_mm": ("step", "mm_hash"),
     "mm_inputs": ("step", "req_id", "pos", "identifier", "offset", "length"),
-    "transport": ("step", "event", "seq"),
+    "transport": ("step", "event", "worker", "seq", "t_ns"),
     "updates": ("step", "t_ns"),
     "extra_fields": ("step", "owner", "field", "value_json"),
     "redacted": ("step",),
