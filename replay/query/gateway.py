@@ -26,6 +26,12 @@ from vllm_contract.replay.query.deps import stored_views
 from vllm_contract.replay.query.views import derived_views, manifest_tables, quote
 
 
+def _no_progress_bar(con: duckdb.DuckDBPyConnection) -> None:
+    """DuckDB draws its progress bar on fd 1 once a statement runs past two seconds (a view
+    stored on a big trace): into a command's JSON or CSV. Progress is ours to show, on stderr."""
+    con.execute("SET enable_progress_bar = false")
+
+
 class Gateway(QueryGateway):
     """Owns the DuckDB connection for one trace (a root or one engine directory)."""
 
@@ -44,6 +50,7 @@ class Gateway(QueryGateway):
             # the whole machine (DuckDB's default is 80 % of it).
             self.con = duckdb.connect(":memory:", config={"memory_limit": limit,
                                                           "temp_directory": self._spill})
+            _no_progress_bar(self.con)
         except duckdb.Error as e:
             self._remove_spill()
             raise TraceError(f"memory limit {limit!r} (VLLM_CONTRACT_MEMORY_LIMIT): "
@@ -142,6 +149,7 @@ class Gateway(QueryGateway):
         cursor sees."""
         cur = self.con.cursor()
         try:
+            _no_progress_bar(cur)
             for name, table in self._arrow.items():
                 cur.register(name, table)
         except duckdb.Error as e:

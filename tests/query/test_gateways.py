@@ -93,3 +93,15 @@ def test_no_shipped_module_imports_a_private_name_from_another_module():
                                   for a in node.names
                                   if a.name.startswith("_") and not a.name.startswith("__")]
     assert offenders == []
+
+
+def test_duckdbs_progress_bar_is_off_on_every_gateway_connection():
+    """DuckDB draws its progress bar on fd 1 when a statement runs past two seconds (a view
+    stored on a big trace): into the JSON of `check -f json > file`. Our own progress goes to
+    stderr."""
+    from vllm_contract.replay.query.gateway import Gateway as DuckGateway
+
+    with DuckGateway(ROOT / "samples" / "mixed") as gw:
+        for con in (gw.con, gw.cursor()):
+            got = con.execute("SELECT current_setting('enable_progress_bar')").fetchone()[0]
+            assert got is False
