@@ -1,5 +1,5 @@
 """Diff tests of the checks on the trace's own integrity (trace.checksum, trace.count_mismatch,
-trace.duplicate_rows, trace.impossible_steps): tiny traces with one damage each, and the exact
+trace.duplicate_rows, trace.impossible_steps, trace.lost_rows): tiny traces with one damage each, and the exact
 rows each check must return."""
 
 from __future__ import annotations
@@ -119,3 +119,53 @@ def test_impossible_steps_abort_before_the_first_step(tmp_path):
         {"step": -1, "req_id": "a", "reason": "FINISHED_ABORTED", "source": "finish_requests",
          "t_ns": 1}]})
     assert tt.found(tmp_path, "trace.impossible_steps") == []
+
+
+# --- trace.lost_rows ---------------------------------------------------------------------------
+
+def steps_as_committed_stream(root, counts: dict[str, int]) -> None:
+    """The steps table as a stream written with commit markers: its one flush counts `counts`
+    rows of the other tables (as the writer stamps each flush's steps batch, last)."""
+    import json
+
+    from vllm_contract.trace import COMMITS_KEY, ROWS_KEY
+
+    d = root / tt.ENGINE / "steps"
+    data = pq.read_table(d / "000000.parquet").cast(schema.schema("steps"))
+    (d / "000000.parquet").unlink()
+    (batch,) = data.to_batches()
+    marked = data.schema.with_metadata({COMMITS_KEY: b"1"})
+    with pa.OSFile(str(d / "000000.arrows"), "wb") as sink:
+        with ipc.new_stream(sink, marked) as w:
+            w.write_batch(batch, custom_metadata={
+                CHECKSUM_KEY: batch_checksum(batch),
+                ROWS_KEY: json.dumps({"steps": len(data), **counts}).encode()})
+
+
+def finished_rows(n: int) -> list[dict]:
+    return [{"step": 1, "req_id": f"r{i}"} for i in range(n)]
+
+
+def test_lost_rows_fewer_than_committed(tmp_path):
+    """The markers count 2 finished rows written to segment 0; it holds 1."""
+    tt.write(tmp_path, {"steps": tt.steps(3), "finished": finished_rows(1)})
+    steps_as_committed_stream(tmp_path, {"finished": 2})
+    (row,) = tt.found(tmp_path, "trace.lost_rows")
+    assert row[:2] == (None, None)
+    assert "finished/000000.parquet: holds 1 of the 2 row(s)" in row[2], row
+
+
+def test_lost_rows_segment_gone(tmp_path):
+    """The markers count 2 finished rows; the finished segment is gone."""
+    tt.write(tmp_path, {"steps": tt.steps(3), "finished": finished_rows(2)})
+    steps_as_committed_stream(tmp_path, {"finished": 2})
+    (tmp_path / tt.ENGINE / "finished" / "000000.parquet").unlink()
+    (row,) = tt.found(tmp_path, "trace.lost_rows")
+    assert "finished/000000.arrows: gone" in row[2] and "count 2 row(s)" in row[2], row
+
+
+def test_lost_rows_all_held(tmp_path):
+    """Near miss: the markers count 2 finished rows and the segment holds both."""
+    tt.write(tmp_path, {"steps": tt.steps(3), "finished": finished_rows(2)})
+    steps_as_committed_stream(tmp_path, {"finished": 2})
+    assert tt.found(tmp_path, "trace.lost_rows") == []
