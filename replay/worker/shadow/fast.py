@@ -157,10 +157,4 @@ class FastModel(WorkerModel):
             if not alone:
                 self._acquire(step, [grant])
                 continue
-            for g, group in enumerate(blocks):
-                for b in group:
-                    held = holders.get((g, b))
-                    if held is None:
-                        holders[(g, b)] = {rid}
-                    else:
-                        held.add(rid)
+            self._hold(rid, blocks)

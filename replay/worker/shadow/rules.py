@@ -325,6 +325,17 @@ class WorkerModel:
                     if not h:
                         del holders[(g, b)]
 
+    def _hold(self, rid: str, blocks: list) -> None:
+        """`rid` holds each of `blocks` (one list per KV cache group), beside any holder."""
+        holders = self.s.holders
+        for g, group in enumerate(blocks):
+            for b in group:
+                held = holders.get((g, b))
+                if held is None:
+                    holders[(g, b)] = {rid}
+                else:
+                    held.add(rid)
+
     def _acquire(self, step: int, acquired: list) -> None:
         """Blocks handed out this step, in the scheduler's order (running requests, then new
         ones in list order, then resumed: a resumed and a new request are not compared, their
@@ -356,13 +367,7 @@ class WorkerModel:
                     self._report("worker.block_shared", step, rid,
                                  f"{worst} block(s) (e.g. {example[0]}) still held by "
                                  f"{example[1]}; prefix hits cover {allowed}")
-            for g, group in enumerate(blocks):
-                for b in group:
-                    held = holders.get((g, b))
-                    if held is None:
-                        holders[(g, b)] = {rid}
-                    else:
-                        held.add(rid)
+            self._hold(rid, blocks)
             this_step[rid] = kind
 
     def _encoder(self, step: int, sc: dict, enc_rows: list[int], nst: dict[str, int]) -> None:
