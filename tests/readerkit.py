@@ -127,6 +127,32 @@ def integrity(root: Path) -> list[str]:
     return [i for e in json.loads(r.stdout)["engines"] for i in e["integrity"]]
 
 
+def errors(root: Path) -> dict[str, list[str]]:
+    """`check`'s error findings' messages, by invariant."""
+    out: dict[str, list[str]] = {}
+    for f in findings(root):
+        if f["severity"] == "error":
+            out.setdefault(f["invariant"], []).append(f["message"])
+    return out
+
+
+def assert_agree(root: Path, invariant: str, *words: str, checks: tuple[str, ...]) -> None:
+    """`check` exits 1 with an error finding of `invariant` mentioning `words`; `info` lists
+    exactly the findings of `checks` (the integrity checks) that `check` reports, and its
+    integrity line names `invariant`."""
+    r = invoke("check", root)
+    assert r.exit_code == 1, r.output
+    found = errors(root)
+    assert invariant in found, found
+    assert any(all(w in m for w in words) for m in found[invariant]), found[invariant]
+    listed = [i for i in integrity(root) if i.startswith("trace.")]
+    checked = sorted(f"{inv}: {m}" for inv, ms in found.items() if inv in checks for m in ms)
+    assert sorted(listed) == checked
+    line = next(ln for ln in invoke("info", root).stdout.splitlines()
+                if ln.startswith("integrity"))
+    assert invariant in line
+
+
 # -- damage, for the fuzz tests (tests/core/test_reader_fuzz.py, bench/fuzz_reader.py) ---------
 
 WRONG_VALUES = [5, -1, "x", 2 ** 70, -(2 ** 70), 1e308, [], {}, None, True, [[1]], [[5, 3]],

@@ -21,25 +21,11 @@ from vllm_contract.replay.query.summary import INTEGRITY_CHECKS
 from vllm_contract.trace import PAGE_CHECKSUMS_KEY, open_trace
 
 
-def errors(root) -> dict[str, list[str]]:
-    out: dict[str, list[str]] = {}
-    for f in rk.findings(root):
-        if f["severity"] == "error":
-            out.setdefault(f["invariant"], []).append(f["message"])
-    return out
+errors = rk.errors
 
 
 def assert_agree(root, invariant: str, *words: str) -> None:
-    """`check` exits 1 with an error of `invariant` saying `words`; `info`'s integrity list
-    holds exactly `check`'s integrity findings."""
-    r = rk.invoke("check", root)
-    assert r.exit_code == 1, r.output
-    found = errors(root)
-    assert invariant in found, found
-    assert any(all(w in m for w in words) for m in found[invariant]), found[invariant]
-    listed = [i for i in rk.integrity(root) if i.startswith("trace.")]
-    checked = [f"{inv}: {m}" for inv, ms in found.items() if inv in INTEGRITY_CHECKS for m in ms]
-    assert sorted(listed) == sorted(checked)
+    rk.assert_agree(root, invariant, *words, checks=INTEGRITY_CHECKS)
 
 
 def as_format2(name: str, dst: Path, segments: int = 1) -> Path:

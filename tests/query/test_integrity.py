@@ -21,28 +21,11 @@ INTEGRITY = ("trace.checksum", "trace.count_mismatch", "trace.duplicate_rows",
              "trace.impossible_steps", "trace.lost_rows")
 
 
-def errors(root) -> dict[str, list[str]]:
-    out: dict[str, list[str]] = {}
-    for f in rk.findings(root):
-        if f["severity"] == "error":
-            out.setdefault(f["invariant"], []).append(f["message"])
-    return out
+errors = rk.errors
 
 
 def assert_agree(root, invariant: str, *words: str) -> None:
-    """`check` exits 1 with an error finding of `invariant` mentioning `words`; `info` lists
-    exactly the integrity findings that `check` reports."""
-    r = rk.invoke("check", root)
-    assert r.exit_code == 1, r.output
-    found = errors(root)
-    assert invariant in found, found
-    assert any(all(w in m for w in words) for m in found[invariant]), found[invariant]
-    listed = [i for i in rk.integrity(root) if i.startswith("trace.")]
-    checked = sorted(f"{inv}: {m}" for inv, ms in found.items() if inv in INTEGRITY for m in ms)
-    assert sorted(listed) == checked
-    line = next(ln for ln in rk.invoke("info", root).stdout.splitlines()
-                if ln.startswith("integrity"))
-    assert invariant in line
+    rk.assert_agree(root, invariant, *words, checks=INTEGRITY)
 
 
 def rewrite_parquet(path, fn) -> None:
