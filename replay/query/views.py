@@ -22,12 +22,16 @@ ENGINES_SCHEMA = pa.schema([
     pa.field("vllm_version", pa.string()), pa.field("steps_recorded", pa.int64()),
     pa.field("pruned_steps", pa.int64()), pa.field("stopped_after_step", pa.int64()),
     pa.field("stopped_error", pa.string()), pa.field("recording", pa.bool_()),
+    pa.field("async_scheduling", pa.bool_()), pa.field("spec_method", pa.string()),
+    pa.field("num_speculative_tokens", pa.int64()),
+    pa.field("pipeline_parallel_size", pa.int64()),
 ])
 
 
 def engine_row(e) -> dict:
     """An engine's row of `engines`, from its manifest (an EngineTrace), for either gateway."""
     m, s = e.manifest, e.manifest.get("engine") or {}
+    spec, par = s.get("speculative") or {}, s.get("parallel") or {}
     return {"engine": e.name, "model": s.get("model"), "block_size": s.get("block_size"),
             "num_kv_blocks": s.get("num_kv_blocks"),
             "max_num_batched_tokens": s.get("max_num_batched_tokens"),
@@ -40,7 +44,15 @@ def engine_row(e) -> dict:
             "stopped_after_step": (m.get("stopped") or {}).get("after_step"),
             "stopped_error": (m.get("stopped") or {}).get("error"),
             # its recorder still writes it (a lock it holds; core/liveness.py)
-            "recording": e.recording is True}
+            "recording": e.recording is True,
+            # batches overlap, and the worker fills in what the scheduler sends as placeholders;
+            # a recording made by vLLM's AsyncScheduler class counts even where the config flag
+            # was not set (step_with_batch_queue drives it without async_scheduling)
+            "async_scheduling": bool(s.get("async_scheduling"))
+            or str(s.get("scheduler_class") or "").endswith("AsyncScheduler"),
+            "spec_method": spec.get("method"),
+            "num_speculative_tokens": spec.get("num_speculative_tokens"),
+            "pipeline_parallel_size": par.get("pipeline_parallel_size")}
 
 
 def problem_row(e, problem: str, kind: str = "checksum") -> dict:

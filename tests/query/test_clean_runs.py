@@ -25,6 +25,13 @@ def test_clean_scenarios_have_no_errors_or_warnings(name, batch_queue, tiny_mode
     report = findings(tmp_path)
     assert not report.skipped
     assert serious(report) == [], [f.message for f in serious(report)]
+    # the checks that hold only with batches in flight or a drafter know which engines have them
+    with Gateway(tmp_path) as gw:
+        (e,) = gw.sql("SELECT async_scheduling, spec_method, num_speculative_tokens "
+                      "FROM engines").to_pylist()
+    drafts = scenarios.SCENARIOS[name].config.num_spec_tokens
+    assert e == {"async_scheduling": batch_queue > 1, "spec_method": "ngram" if drafts else None,
+                 "num_speculative_tokens": drafts or None}
 
 
 def test_wall_clock_set_back_keeps_the_order_of_calls(tiny_model, tmp_path, monkeypatch):
