@@ -150,6 +150,38 @@ def lose_a_step(stall: int = 40) -> Callable:
 
     return mutate
 
+# --- worker reads: encoder inputs and frees (docs/worker-reads.md) ---
+
+def free_encoder_twice(after: int = 2) -> Callable:
+    """LOOK-ALIKE inputs (encoder_lookalike): the first encoder hash the scheduler frees is
+    freed again `after` steps later, with nothing bringing it back into the cache in between
+    (an encoder-cache manager that keeps an evicted entry on its freed list). The worker's
+    pop misses silently. Returns (step, None) of the second free."""
+    first: dict = {}
+
+    def mutate(so, step):
+        if not first and so.free_encoder_mm_hashes:
+            first.update(step=step, mm_hash=so.free_encoder_mm_hashes[0])
+        elif first and step == first["step"] + after:
+            so.free_encoder_mm_hashes.append(first["mm_hash"])
+            return step, None
+        return None
+
+    return mutate
+
+
+
+# --- worker reads: encoder reads of drafts (docs/worker-reads.md) ---
+
+
+# --- worker reads: tokens and outputs (docs/worker-reads.md) ---
+
+
+# --- worker reads: blocks (docs/worker-reads.md) ---
+
+
+# --- worker reads: drafts, structured output, pipeline (docs/worker-reads.md) ---
+
 
 BREAKS = {
     "broken-leak": ("preemption", drop_finished_once,

@@ -88,6 +88,66 @@ def test_free_unknown_freed_after_its_request(tmp_path):
     assert tt.found(tmp_path, "encoder.free_unknown") == []
 
 
+def test_free_unknown_freed_a_second_time(tmp_path):
+    """img-a is freed with a's finish (step 2) and again in step 3, with nothing bringing it
+    back in between: the second pop names nothing the worker holds."""
+    _one_image(tmp_path, freed(2, "img-a") + freed(3, "img-a"))
+    assert tt.found(tmp_path, "encoder.free_unknown") == [
+        (3, None, "freed img-a again, neither brought nor computed since its free at step 2")]
+
+
+def test_free_unknown_freed_twice_in_one_step(tmp_path):
+    """The same key twice in one step's free_encoder_mm_hashes: the second is a miss."""
+    _one_image(tmp_path, freed(2, "img-a", "img-a"))
+    assert tt.found(tmp_path, "encoder.free_unknown") == [
+        (2, None, "freed img-a again, neither brought nor computed since its free at step 2")]
+
+
+def _freed_then_back(tmp_path, back, second_free=4):
+    # img-a is freed with a's finish (step 2) and again at second_free; `back` adds b's rows,
+    # which may bring img-a back in between
+    write(tmp_path, 6, [prefill(0, "a", [0, 1]), decode(1, "a", 8, [2])] + back["scheduled"],
+          requests=[intro(0, "a")] + back.get("requests", []),
+          mm_inputs=[image(0, "a", "img-a")] + back.get("mm_inputs", []),
+          freed_mm=freed(2, "img-a") + freed(second_free, "img-a"),
+          preempted=back.get("preempted", []), **finish(1, "a"))
+
+
+def test_free_unknown_freed_again_after_a_new_request_brought_it(tmp_path):
+    """Near miss: b brings img-a at step 3, between the two frees."""
+    _freed_then_back(tmp_path, {"scheduled": [prefill(3, "b", [3, 4])],
+                                "requests": [intro(3, "b")],
+                                "mm_inputs": [image(3, "b", "img-a")]})
+    assert tt.found(tmp_path, "encoder.free_unknown") == []
+
+
+def _b_recomputes(step):
+    # b brought img-a at step 0 as its second input (pos 1) and is preempted; back at `step`,
+    # it recomputes that input without being introduced again
+    b_image = dict(image(0, "b", "img-a"), pos=1, offset=4)
+    first = dict(prefill(0, "b", [3, 4]), num_scheduled_tokens=4)
+    back = dict(tt.resumed(step, "b", 0, 8, [5, 6]), encoder_inputs=[1])
+    return {"scheduled": [first, back], "requests": [intro(0, "b")],
+            "mm_inputs": [image(0, "b", "img-b"), b_image],
+            "preempted": [{"step": 1, "req_id": "b"}]}
+
+
+def test_free_unknown_freed_again_after_a_resumed_request_recomputed_it(tmp_path):
+    """Near miss: resumed b recomputes img-a (its input 1) in the step of the first free,
+    after the worker freed it, so the output is cached again when step 4 frees it."""
+    _freed_then_back(tmp_path, _b_recomputes(2))
+    assert tt.found(tmp_path, "encoder.free_unknown") == []
+
+
+def test_free_unknown_freed_again_in_the_step_that_recomputes_it(tmp_path):
+    """b recomputes img-a in step 4 itself: the worker frees before it computes, so step 4's
+    free still names nothing it holds. (b's introduction at step 0, before the first free,
+    does not bring it back.)"""
+    _freed_then_back(tmp_path, _b_recomputes(4))
+    assert tt.found(tmp_path, "encoder.free_unknown") == [
+        (4, None, "freed img-a again, neither brought nor computed since its free at step 2")]
+
+
 # --- encoder.freed_while_needed -----------------------------------------------------------------
 
 def _same_image_again(tmp_path, b_step):
