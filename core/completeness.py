@@ -6,8 +6,9 @@ segment's `steps` stream counts every other table's rows per flush in its commit
 (trace.py ROWS_KEY), so a table's segment that holds fewer rows than were committed, or none,
 lost them after they were written; a table's segment with rows beside no `steps` segment lost
 its steps and their markers; and in format 2, rows under an `engine=NAME` partition that no
-manifest names belong to no engine any reader opens. Compacted segments (the `steps` stream
-gone into Parquet) carry no markers: there the manifest's counts are all that is left.
+manifest names belong to no engine any reader opens. Compaction carries a segment's markers into
+its `steps` Parquet; segments compacted before it did carry none: there the manifest's counts are
+all that is left.
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ def _lost_committed(e: EngineTrace, by_table: dict[str, dict[str, Path]]) -> lis
                 continue
             path = by_table[table].get(seq)
             if path is None:
-                gone = schema.table_dir(e.dir, table) / f"{seq}{schema.SEGMENT_SUFFIX}"
+                gone = schema.table_dir(e.dir, table) / f"{seq}{steps_path.suffix}"
                 out.append(f"{gone}: gone (deleted, renamed or hidden), though {_MARKERS} "
                            f"count {n} row(s) of table {table} written to it")
                 continue

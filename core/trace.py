@@ -103,11 +103,11 @@ class EngineTrace:
         return None if rows is None else rows.get(table, 0)
 
     def commits(self, steps_path: Path) -> dict[str, int] | None:
-        """The rows per table that a `steps` stream's commit markers count (see _commits)."""
-        if steps_path.suffix != schema.SEGMENT_SUFFIX:
-            return None
+        """The rows per table that a `steps` stream's commit markers count (see _commits), or
+        that compaction carried over into its Parquet (_compacted_commits)."""
         if steps_path.name not in self._commits:
-            self._commits[steps_path.name] = _commits(steps_path, self.root or self.dir)
+            read = _commits if steps_path.suffix == schema.SEGMENT_SUFFIX else _compacted_commits
+            self._commits[steps_path.name] = read(steps_path, self.root or self.dir)
         return self._commits[steps_path.name]
 
     def lost_rows(self) -> list[str]:
@@ -287,6 +287,17 @@ def _commits(steps_path: Path, root: Path) -> dict[str, int] | None:
         return None
     except _BAD_INPUT + (json.JSONDecodeError,):
         return rows if "rows" in locals() else None  # a torn tail: the whole flushes before it
+
+
+def _compacted_commits(steps_path: Path, root: Path) -> dict[str, int] | None:
+    """The commit markers' counts that compaction wrote into a `steps` Parquet's schema
+    (ROWS_KEY); None for one compacted before it did, or not readable."""
+    try:
+        regular_file(steps_path, root)
+        rows = json.loads((pq.read_schema(steps_path).metadata or {})[ROWS_KEY])
+        return {str(t): int(n) for t, n in rows.items()}
+    except (TraceError, AttributeError, json.JSONDecodeError) + _BAD_INPUT:
+        return None
 
 
 def read_segment(path: Path, warnings: list[str], columns: list[str] | None = None, *,

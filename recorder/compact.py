@@ -4,6 +4,7 @@ reader prefers a segment's Parquet over its stream)."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 
@@ -12,7 +13,8 @@ import pyarrow.parquet as pq
 
 from vllm_contract import schema
 from vllm_contract.recorder.segments import write_json_atomic
-from vllm_contract.trace import PAGE_CHECKSUMS_KEY, EngineTrace, Trace, read_segment
+from vllm_contract.trace import (PAGE_CHECKSUMS_KEY, ROWS_KEY, EngineTrace, Trace,
+                                 read_segment)
 
 
 def _writer_alive(manifest: dict) -> bool:
@@ -60,8 +62,13 @@ def compact_engine(e: EngineTrace, on_file=None) -> dict:
                 # page checksums: the reader verifies them (DuckDB, which reads these files for
                 # the checks, does not: the gateway verifies each file first)
                 data = data.cast(schema.schema(table))
-                data = data.replace_schema_metadata(
-                    {**(data.schema.metadata or {}), PAGE_CHECKSUMS_KEY: b"crc32"})
+                meta = {**(data.schema.metadata or {}), PAGE_CHECKSUMS_KEY: b"crc32"}
+                committed = e.commits(path) if table == "steps" else None
+                if committed is not None:
+                    # the markers go with their stream: without them no lost row of the
+                    # compacted segments could be told from one never written
+                    meta[ROWS_KEY] = json.dumps(committed, sort_keys=True).encode()
+                data = data.replace_schema_metadata(meta)
                 pq.write_table(data, tmp, compression="zstd", write_page_checksum=True)
                 os.replace(tmp, target)
                 stats["bytes_after"] += target.stat().st_size

@@ -71,6 +71,28 @@ def test_a_tables_segment_gone(tmp_path, table, how):
                  f"of table {table}")
 
 
+@pytest.mark.parametrize("table", ["updates", "model_outputs", "finished", "mm_inputs"])
+def test_a_compacted_tables_segment_gone(tmp_path, table):
+    """Compaction carries the commit markers into the steps Parquet: a compacted segment lost
+    is as plain as a live one."""
+    root = rk.as_streams(SAMPLE_OF[table], tmp_path / "t", segments=2)
+    compact(open_trace(root))
+    seg = rk.table_dir(root, table) / "000001.parquet"
+    seg.unlink()
+    assert_agree(root, "trace.lost_rows", f"{table}/000001.parquet", "gone",
+                 f"of table {table}")
+
+
+def test_a_compacted_segment_cut_short(tmp_path):
+    root = rk.as_streams("mixed", tmp_path / "t")
+    compact(open_trace(root))
+    seg = rk.table_dir(root, "model_outputs") / "000000.parquet"
+    t = pq.read_table(seg)
+    pq.write_table(t.slice(0, t.num_rows - 3), seg)
+    assert_agree(root, "trace.lost_rows", "model_outputs/000000.parquet",
+                 f"holds {t.num_rows - 3} of the {t.num_rows} row(s)")
+
+
 @pytest.mark.parametrize("table", ["updates", "finished"])
 def test_the_same_in_format_2(tmp_path, table):
     root = as_format2("mixed", tmp_path / "t")

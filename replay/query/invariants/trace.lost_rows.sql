@@ -9,8 +9,8 @@
 -- relies_on: vllm_contract trace format (row counts per flush in the steps stream's commit markers, one engine=NAME partition per manifest)
 -- needs: integrity
 -- columns: engine, step (NULL), req_id (NULL), details
--- note: compacted segments (their steps stream, and its markers, gone into Parquet): there
---      only trace.count_mismatch compares the steps with the manifest
+-- note: compaction carries the markers into the steps Parquet; segments compacted before it
+--      did carry none, and there only trace.count_mismatch compares the steps with the manifest
 SELECT engine, CAST(NULL AS BIGINT) AS step, CAST(NULL AS VARCHAR) AS req_id,
        segment || ': ' || details AS details
 FROM integrity
