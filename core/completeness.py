@@ -107,6 +107,36 @@ def lost_rows(e: EngineTrace) -> list[str]:
     return _lost_committed(e, by_table) + _lost_steps(e, by_table)
 
 
+def unverifiable(e: EngineTrace) -> list[str]:
+    """What cannot be verified of this engine's segments, one note per kind: Parquet written
+    without page checksums (changed bytes pass), and `steps` segments without commit-marker
+    counts (rows lost from the other tables pass). Traces recorded or compacted before
+    vllm-contract wrote either (format 1: the committed samples) have neither."""
+    from vllm_contract.trace import PAGE_CHECKSUMS_KEY
+
+    parquet = [p for t in schema.TABLE_NAMES for p in e.segments(t)
+               if p.suffix == schema.PARQUET_SUFFIX]
+    bare = 0
+    for p in parquet:
+        try:
+            bare += PAGE_CHECKSUMS_KEY not in (pq.read_schema(p).metadata or {})
+        except (pa.ArrowException, OSError, ValueError):
+            pass  # unreadable: the reader reports it when it reads the file
+    steps = e.segments("steps")
+    uncounted = sum(e.commits(p) is None for p in steps)
+    notes = []
+    if bare:
+        notes.append(f"{bare} of {len(parquet)} Parquet segment(s) carry no page checksums "
+                     "(written before vllm-contract wrote them): bytes changed in them cannot "
+                     "be detected")
+    if uncounted:
+        notes.append(f"{uncounted} of {len(steps)} steps segment(s) carry no row counts "
+                     "(recorded or compacted before commit markers): rows lost from the other "
+                     "tables there cannot be detected, only the steps' count is compared with "
+                     "the manifest")
+    return notes
+
+
 def unknown_partitions(trace: Trace) -> list[str]:
     """Format 2: one "PATH: what" per table partition `engine=NAME` that no manifest under
     `_engines/` names (a renamed or copied partition: no reader opens its rows)."""

@@ -117,6 +117,13 @@ class EngineTrace:
                 self._commits["_lost"] = completeness.lost_rows(self)
         return self._commits["_lost"]
 
+    def unverified(self) -> list[str]:
+        """What of this engine's segments cannot be verified (completeness.py); asked once."""
+        if "_unverified" not in self._commits:
+            with reading(self.dir):
+                self._commits["_unverified"] = completeness.unverifiable(self)
+        return self._commits["_unverified"]
+
     @property
     def name(self) -> str:
         return schema.engine_name(self.dir)

@@ -49,6 +49,8 @@ def table(s: dict) -> Rendered:
         status = "OK" if not e["integrity"] and not e["warnings"] else "; ".join(
             e["integrity"] + [f"{len(e['warnings'])} segment warning(s)"] * bool(e["warnings"]))
         lines.append(f"integrity     {status}")
+        for note in e.get("unverified") or []:
+            lines.append(f"unverified    {note}")
         lines.append("")
     lines.append("views         " + "  ".join(f"{k}={v}" for k, v in s["views"].items()))
     return Rendered().out("".join(line + "\n" for line in lines))

@@ -15,7 +15,8 @@ if TYPE_CHECKING:
 # The checks on the recording's own integrity whose findings `info` lists too: `info` and
 # `check` then agree on them by construction (the same SQL).
 INTEGRITY_CHECKS = ("trace.checksum", "trace.count_mismatch", "trace.duplicate_rows",
-                    "trace.impossible_steps", "trace.lost_rows", "trace.recorder_stopped")
+                    "trace.impossible_steps", "trace.lost_rows", "trace.recorder_stopped",
+                    "trace.unverified")
 
 
 # For each update_from_output(): how many schedule() calls from its own step on had returned
@@ -75,16 +76,19 @@ def _in_flight(updates, con) -> dict:
     return {"most_in_flight": most, "overlapped_updates": int(overlapped)}
 
 
-def engine_summary(e, checked: list[str] | None = None) -> dict:
-    """`checked`: the integrity checks' findings for this engine, when a gateway ran them;
-    without, the reader's own notes of data failing its checksum stand in."""
+def engine_summary(e, checked: list[str] | None = None,
+                   unverified: list[str] | None = None) -> dict:
+    """`checked`: the integrity checks' error and warning findings for this engine, and
+    `unverified` their notes of what cannot be verified, when a gateway ran them; without, the
+    reader's own notes stand in."""
     import duckdb
 
     with reading(e.dir), duckdb.connect() as con:
-        return _engine_summary(e, checked, con)
+        return _engine_summary(e, checked, con,
+                               e.unverified() if unverified is None else unverified)
 
 
-def _engine_summary(e, checked: list[str] | None, con) -> dict:
+def _engine_summary(e, checked: list[str] | None, con, unverified: list[str]) -> dict:
     m = e.manifest
     # only the columns summed up here: reading every table of a long trace whole costs
     # memory and time in proportion to the whole trace
@@ -142,6 +146,7 @@ def _engine_summary(e, checked: list[str] | None, con) -> dict:
         "contract_drift": m.get("contract_drift"),
         "warnings": list(e.warnings),
         "integrity": integrity,
+        "unverified": unverified,
     }
 
 
@@ -154,8 +159,13 @@ def summary(trace: Trace, gateway: QueryGateway | None = None) -> dict:
 
         checks = [i for i in catalog.load() if i.id in INTEGRITY_CHECKS]
         checked = {e.name: [] for e in trace.engines}
+        notes: dict[str, list[str]] = {e.name: [] for e in trace.engines}
         for f in checker.run(gateway, checks).findings:
-            checked.setdefault(str(f.engine), []).append(f"{f.invariant}: {f.message}")
+            into = notes if f.severity == "info" else checked
+            into.setdefault(str(f.engine), []).append(
+                f.message[len(f.title) + 2:] if f.severity == "info"
+                else f"{f.invariant}: {f.message}")
     return {"root": str(trace.root),
-            "engines": [engine_summary(e, None if checked is None else checked[e.name])
+            "engines": [engine_summary(e, None if checked is None else checked[e.name],
+                                       None if checked is None else notes[e.name])
                         for e in trace.engines]}

@@ -57,7 +57,8 @@ def engine_row(e) -> dict:
 
 def problem_row(e, problem: str, kind: str = "checksum") -> dict:
     """A reader's "PATH: what" as a row of `integrity`, naming the segment within its engine;
-    `kind`: 'checksum' (data that fails its checksum) or 'lost' (rows gone since written)."""
+    `kind`: 'checksum' (data that fails its checksum) or 'lost' (rows gone since written);
+    rows of kind 'unverified' (what the engine's segments give no means to check) name none."""
     path, _, details = problem.partition(": ")
     try:
         path = str(Path(path).relative_to(e.dir))
@@ -89,7 +90,10 @@ def manifest_tables(trace) -> dict[str, pa.Table]:
                                      for a, b in e.manifest.get("dropped_steps", [])],
                                     DROPPED_SCHEMA),
         "integrity": schema.from_rows([problem_row(e, p) for e in engines for p in e.problems]
-                                      + [problem_row(e, p, "lost") for e, p in trace.lost_rows()],
+                                      + [problem_row(e, p, "lost") for e, p in trace.lost_rows()]
+                                      + [{"engine": e.name, "segment": None, "details": note,
+                                          "kind": "unverified"}
+                                         for e in engines for note in e.unverified()],
                                       INTEGRITY_SCHEMA),
     }
 

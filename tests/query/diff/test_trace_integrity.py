@@ -1,5 +1,5 @@
 """Diff tests of the checks on the trace's own integrity (trace.checksum, trace.count_mismatch,
-trace.duplicate_rows, trace.impossible_steps, trace.lost_rows): tiny traces with one damage each, and the exact
+trace.duplicate_rows, trace.impossible_steps, trace.lost_rows, trace.unverified): tiny traces with one damage each, and the exact
 rows each check must return."""
 
 from __future__ import annotations
@@ -169,3 +169,48 @@ def test_lost_rows_all_held(tmp_path):
     tt.write(tmp_path, {"steps": tt.steps(3), "finished": finished_rows(2)})
     steps_as_committed_stream(tmp_path, {"finished": 2})
     assert tt.found(tmp_path, "trace.lost_rows") == []
+
+
+# --- trace.unverified --------------------------------------------------------------------------
+
+def test_unverified_parquet_without_checksums_or_counts(tmp_path):
+    """Parquet written by another tool (as the format-1 samples were compacted): nothing to
+    verify its bytes by, and no commit-marker counts for its rows: one note each, of every
+    table's segment that holds a file."""
+    tt.write(tmp_path, {"steps": tt.steps(3)})
+    files = len(list((tmp_path / tt.ENGINE).glob("*/*.parquet")))
+    assert tt.found(tmp_path, "trace.unverified") == [
+        (None, None, f"{files} of {files} Parquet segment(s) carry no page checksums (written "
+                     "before vllm-contract wrote them): bytes changed in them cannot be detected"),
+        (None, None, "1 of 1 steps segment(s) carry no row counts (recorded or compacted before "
+                     "commit markers): rows lost from the other tables there cannot be detected, "
+                     "only the steps' count is compared with the manifest")]
+
+
+def test_unverified_stream_without_commit_markers(tmp_path):
+    """A steps stream with checksummed batches but written before commit markers: still no
+    row counts; the Parquet note counts the other tables' files alone."""
+    tt.write(tmp_path, {"steps": tt.steps(3)})
+    steps_as_stream(tmp_path)
+    files = len(list((tmp_path / tt.ENGINE).glob("*/*.parquet")))
+    found = [d.split(" carry ")[0] for _, _, d in tt.found(tmp_path, "trace.unverified")]
+    assert found == [f"{files} of {files} Parquet segment(s)", "1 of 1 steps segment(s)"]
+
+
+def test_unverified_recorded_and_compacted_says_nothing(tmp_path):
+    """Near miss: what the recorder writes, live and compacted, carries both."""
+    import readerkit as rk
+    from vllm_contract.recorder.compact import compact
+    from vllm_contract.trace import open_trace
+
+    root = rk.as_streams("mixed", tmp_path / "t", segments=2)
+    assert tt.found(root, "trace.unverified") == []
+    compact(open_trace(root))
+    assert tt.found(root, "trace.unverified") == []
+    # one file rewritten by another tool: that one alone
+    seg = rk.table_dir(root, "finished") / "000000.parquet"
+    pq.write_table(pq.read_table(seg).replace_schema_metadata(None), seg)
+    total = len(list(rk.engine_dir(root).glob("*/*.parquet")))
+    assert tt.found(root, "trace.unverified") == [
+        (None, None, f"1 of {total} Parquet segment(s) carry no page checksums (written before "
+                     "vllm-contract wrote them): bytes changed in them cannot be detected")]
