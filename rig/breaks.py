@@ -182,6 +182,31 @@ def free_encoder_twice(after: int = 2) -> Callable:
 
 # --- worker reads: drafts, structured output, pipeline (docs/worker-reads.md) ---
 
+def draft_without_drafter(token: int = 7) -> Callable:
+    """On an engine without a drafter, the first plain decode row from step 3 on gets a draft,
+    its token count and the step's total grown by one to keep them consistent: the worker
+    writes the draft as an input and samples after it, with no rejection. The scheduler's own
+    count was advanced before the break, so computed.progress also reports the next step
+    (a scheduler that drafted before its bookkeeping would leave it quiet). Returns
+    (step, req_id)."""
+    done = []
+
+    def mutate(so, step):
+        cached = so.scheduled_cached_reqs
+        if done or step < 3:
+            return None
+        for rid in cached.req_ids:
+            if (rid not in cached.resumed_req_ids and so.num_scheduled_tokens.get(rid) == 1
+                    and rid not in so.scheduled_spec_decode_tokens):
+                so.scheduled_spec_decode_tokens[rid] = [token]
+                so.num_scheduled_tokens[rid] += 1
+                so.total_num_scheduled_tokens += 1
+                done.append(rid)
+                return step, rid
+        return None
+
+    return mutate
+
 
 BREAKS = {
     "broken-leak": ("preemption", drop_finished_once,

@@ -1,0 +1,101 @@
+"""Diff tests of the checks on what the worker reads about drafts, structured output and
+pipeline parallelism (docs/worker-reads.md, items 8-10): drafts the engine cannot verify,
+has_structured_output_requests, and the cached requests' new_token_ids, pinned to exact rows of
+tiny hand-built traces (tinytrace)."""
+
+from __future__ import annotations
+
+import json
+
+import tinytrace as tt
+
+NGRAM_2 = {"speculative": {"method": "ngram", "num_speculative_tokens": 2}}
+
+
+def write(tmp_path, scheduled: list[dict], requests: list[dict] = (), settings=None,
+          **step_columns) -> None:
+    """Steps 0..the last listed step (`step_columns`: a column's value, or a callable of the
+    step), with num_cached and the total agreeing with the rows."""
+    n = max(r["step"] for r in scheduled) + 1
+
+    def listed(i: int) -> list[dict]:
+        return [r for r in scheduled if r["step"] == i and r.get("kind")]
+
+    steps = tt.steps(
+        n, total_num_scheduled_tokens=lambda i: sum(r["num_scheduled_tokens"] for r in listed(i)),
+        num_new=lambda i: sum(r["kind"] == "new" for r in listed(i)),
+        num_cached=lambda i: sum(r["kind"] != "new" for r in listed(i)), **step_columns)
+    tt.write(tmp_path, {"steps": steps, "requests": list(requests), "scheduled": scheduled},
+             settings=settings)
+
+
+# --- spec.without_drafter ----------------------------------------------------------------------
+
+def one_decode_with(spec: list[int] | None) -> list[dict]:
+    """a prefills 4 tokens, then decodes at step 1 with `spec` as its drafts (1 + drafts)."""
+    return [tt.new(0, "a", 0, 4, [0]),
+            tt.cached(1, "a", 4, 1 + len(spec or []), [1], num_output_tokens=1,
+                      spec_token_ids=spec)]
+
+
+def test_drafts_without_a_drafter(tmp_path):
+    """An engine without a speculative config: the worker writes a's draft as an input and
+    samples after it, with nothing to reject it."""
+    write(tmp_path, one_decode_with([7]), [tt.intro(0, "a", 4)])
+    assert tt.found(tmp_path, "spec.without_drafter") == [
+        (1, "a", "1 draft token(s), the engine has no speculative config")]
+
+
+def test_drafts_with_a_drafter(tmp_path):
+    """The same draft on an engine with an ngram drafter."""
+    write(tmp_path, one_decode_with([7]), [tt.intro(0, "a", 4)], settings=NGRAM_2)
+    assert tt.found(tmp_path, "spec.without_drafter") == []
+
+
+def test_empty_drafts_without_a_drafter(tmp_path):
+    """An empty draft list for a: the worker writes nothing."""
+    write(tmp_path, one_decode_with([]), [tt.intro(0, "a", 4)])
+    assert tt.found(tmp_path, "spec.without_drafter") == []
+
+
+# --- spec.beyond_configured --------------------------------------------------------------------
+
+def test_more_drafts_than_configured(tmp_path):
+    """num_speculative_tokens 2, and a decodes with 3 drafts: its previous drafts are found at
+    row * 2 in the worker's draft tensor."""
+    write(tmp_path, one_decode_with([7, 8, 9]), [tt.intro(0, "a", 4)], settings=NGRAM_2)
+    assert tt.found(tmp_path, "spec.beyond_configured") == [
+        (1, "a", "3 drafts > num_speculative_tokens 2")]
+
+
+def test_as_many_drafts_as_configured(tmp_path):
+    write(tmp_path, one_decode_with([7, 8]), [tt.intro(0, "a", 4)], settings=NGRAM_2)
+    assert tt.found(tmp_path, "spec.beyond_configured") == []
+
+
+# --- spec.to_schedule_out_of_range -------------------------------------------------------------
+
+def four_steps() -> list[dict]:
+    return [tt.new(0, "a", 0, 4, [0])] + [
+        tt.cached(i, "a", 3 + i, 1, [i] if i % 4 == 0 else None, num_output_tokens=i)
+        for i in range(1, 4)]
+
+
+def test_to_schedule_out_of_range(tmp_path):
+    """num_speculative_tokens 2; steps 0..3 ask the drafter for 2, 3, -1 and 0 tokens: 3 is
+    beyond its buffers and -1 is no count at all. 0 is what a dynamic schedule may send."""
+    k = [2, 3, -1, 0]
+    write(tmp_path, four_steps(), [tt.intro(0, "a", 4)], settings=NGRAM_2,
+          num_spec_tokens_to_schedule=lambda i: k[i])
+    assert tt.found(tmp_path, "spec.to_schedule_out_of_range") == [
+        (1, None, "num_spec_tokens_to_schedule 3 outside 0..2"),
+        (2, None, "num_spec_tokens_to_schedule -1 outside 0..2")]
+
+
+def test_to_schedule_without_a_drafter(tmp_path):
+    """The same counts on an engine without a drafter: its worker never proposes."""
+    k = [2, 3, -1, 0]
+    write(tmp_path, four_steps(), [tt.intro(0, "a", 4)],
+          num_spec_tokens_to_schedule=lambda i: k[i])
+    assert tt.found(tmp_path, "spec.to_schedule_out_of_range") == []
+
