@@ -208,6 +208,22 @@ def draft_without_drafter(token: int = 7) -> Callable:
     return mutate
 
 
+def unflag_structured_output() -> Callable:
+    """The first step in which the scheduler set has_structured_output_requests (a
+    structured-output request samples) has it cleared: an async worker with a drafter keeps
+    that step's drafts on the GPU. Returns (step, None)."""
+    done = []
+
+    def mutate(so, step):
+        if so.has_structured_output_requests and not done:
+            so.has_structured_output_requests = False
+            done.append(step)
+            return step, None
+        return None
+
+    return mutate
+
+
 BREAKS = {
     "broken-leak": ("preemption", drop_finished_once,
                     "finished.leaked: one step's finished_req_ids dropped"),

@@ -99,3 +99,51 @@ def test_to_schedule_without_a_drafter(tmp_path):
           num_spec_tokens_to_schedule=lambda i: k[i])
     assert tt.found(tmp_path, "spec.to_schedule_out_of_range") == []
 
+
+# --- structured.unflagged ----------------------------------------------------------------------
+
+ASYNC_NGRAM = {"async_scheduling": True, **NGRAM_2}
+GRAMMAR = {"__type__": "StructuredOutputsParams", "_backend": "xgrammar", "regex": "(yes|no)"}
+
+
+def so_intro(step: int, rid: str, prompt_len: int, structured: bool, pos: int = 0) -> dict:
+    """A request row whose sampling_params are JSON as the recorder writes them."""
+    return {**tt.intro(step, rid, prompt_len, pos),
+            "sampling_params": json.dumps({"__type__": "SamplingParams", "max_tokens": 4,
+                                           "structured_outputs": GRAMMAR if structured
+                                           else None})}
+
+
+def grammar_run(tmp_path, settings: dict, flags: list[bool]) -> None:
+    """g (structured, 8-token prompt) prefills 4 + 4: step 0 samples nothing, step 1 samples
+    its first token, step 2 decodes with 2 placeholder drafts. p (plain) runs alone at step 3.
+    `flags`: has_structured_output_requests of steps 0..3."""
+    write(tmp_path,
+          [tt.new(0, "g", 0, 4, [0]),
+           tt.cached(1, "g", 4, 4, [1], num_output_tokens=0),
+           tt.cached(2, "g", 8, 3, [2], num_output_tokens=1, spec_token_ids=[-1, -1]),
+           tt.new(3, "p", 0, 4, [3])],
+          [so_intro(0, "g", 8, True), so_intro(3, "p", 4, False)],
+          settings=settings, has_structured_output_requests=lambda i: flags[i])
+
+
+def test_structured_request_samples_unflagged(tmp_path):
+    """Step 1 finishes g's prefill (it samples) with the flag false: an async worker with a
+    drafter then keeps its drafts on the GPU. Step 0 is a prefill chunk, step 3 has only p."""
+    grammar_run(tmp_path, ASYNC_NGRAM, [False, False, True, False])
+    assert tt.found(tmp_path, "structured.unflagged") == [
+        (1, None, "flag false, 1 structured-output request(s) sample: g")]
+
+
+def test_structured_request_flagged(tmp_path):
+    grammar_run(tmp_path, ASYNC_NGRAM, [False, True, True, False])
+    assert tt.found(tmp_path, "structured.unflagged") == []
+
+
+def test_structured_unflagged_where_the_worker_never_reads_it(tmp_path):
+    """The same false flags on a sync engine with a drafter, and on an async one without."""
+    grammar_run(tmp_path, NGRAM_2, [False, False, False, False])
+    assert tt.found(tmp_path, "structured.unflagged") == []
+    grammar_run(tmp_path, {"async_scheduling": True}, [False, False, False, False])
+    assert tt.found(tmp_path, "structured.unflagged") == []
+
