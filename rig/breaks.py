@@ -224,6 +224,25 @@ def unflag_structured_output() -> Callable:
     return mutate
 
 
+def drop_pipeline_token_list() -> Callable:
+    """LOOK-ALIKE (the CPU build runs one stage): on a recording where the real scheduler fills
+    new_token_ids as for pipeline parallelism without async scheduling (its use_pp set, the
+    config's pipeline_parallel_size 2), the first step with two or more cached requests loses
+    its last list: the worker's new_token_ids[i] is an IndexError on the stages before the
+    last. Returns (step, None)."""
+    done = []
+
+    def mutate(so, step):
+        lists = so.scheduled_cached_reqs.new_token_ids
+        if len(lists) >= 2 and not done:
+            lists.pop()
+            done.append(step)
+            return step, None
+        return None
+
+    return mutate
+
+
 BREAKS = {
     "broken-leak": ("preemption", drop_finished_once,
                     "finished.leaked: one step's finished_req_ids dropped"),

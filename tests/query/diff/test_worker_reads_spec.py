@@ -147,3 +147,54 @@ def test_structured_unflagged_where_the_worker_never_reads_it(tmp_path):
     grammar_run(tmp_path, {"async_scheduling": True}, [False, False, False, False])
     assert tt.found(tmp_path, "structured.unflagged") == []
 
+
+# --- tokens.new_token_ids_length ---------------------------------------------------------------
+
+PP_2 = {"parallel": {"pipeline_parallel_size": 2}}
+
+
+def pp_run(tmp_path, settings: dict, lists: dict[int, int], b_tokens: list[int]) -> None:
+    """a and b prefill at step 0 and decode at steps 1..3, a with 2 drafts at step 3. Each
+    cached row's new_token_ids is its one new token, except b's at step 2 (`b_tokens`);
+    `lists`: cached_new_token_ids_len of the steps whose list is not one per request (the
+    recorder's rows are NULL past it)."""
+    rows = [tt.new(0, "a", 0, 4, [0]), tt.new(0, "b", 0, 4, [1], pos=1)]
+    for i in range(1, 4):
+        for pos, rid in enumerate("ab"):
+            spec = [7, 8] if (i, rid) == (3, "a") else None
+            toks = b_tokens if (i, rid) == (2, "b") else [10 + i]
+            rows.append(tt.cached(i, rid, 3 + i, 1 + len(spec or []), pos=pos,
+                                  num_output_tokens=i, spec_token_ids=spec,
+                                  new_token_ids=toks if pos < lists.get(i, 2) else None))
+    write(tmp_path, rows, [tt.intro(0, "a", 4), tt.intro(0, "b", 4, pos=1)], settings=settings,
+          cached_new_token_ids_len=lambda i: 0 if i == 0 else lists.get(i, 2))
+
+
+def test_new_token_ids_of_the_wrong_length(tmp_path):
+    """Pipeline parallel without async: step 1 sends one list for two cached requests (the
+    worker's new_token_ids[1] is an IndexError), step 2 an empty list for b, which schedules
+    one token (its sampled token never reaches the first stage). a's list at step 3 leaves its
+    2 drafts out, as the scheduler does."""
+    pp_run(tmp_path, PP_2, {1: 1}, [])
+    assert tt.found(tmp_path, "tokens.new_token_ids_length") == [
+        (1, None, "1 new_token_ids lists for 2 cached requests"),
+        (2, "b", "0 new tokens for 1 scheduled without drafts")]
+
+
+def test_no_new_token_ids_on_a_sync_pipeline(tmp_path):
+    """No lists at all at step 2 of a sync pipeline: the stages before the last never get
+    the tokens. Under async scheduling that is the rule (they go by GPU broadcast)."""
+    pp_run(tmp_path, PP_2, {2: 0}, [12])
+    assert tt.found(tmp_path, "tokens.new_token_ids_length") == [
+        (2, None, "0 new_token_ids lists for 2 cached requests")]
+    pp_run(tmp_path, {**PP_2, "async_scheduling": True}, {2: 0}, [12])
+    assert tt.found(tmp_path, "tokens.new_token_ids_length") == []
+
+
+def test_new_token_ids_right_or_unread(tmp_path):
+    """One list per request, each as long as its tokens without drafts; and the broken lists
+    of the first test on a single-stage engine, whose worker never reads them."""
+    pp_run(tmp_path, PP_2, {}, [12])
+    assert tt.found(tmp_path, "tokens.new_token_ids_length") == []
+    pp_run(tmp_path, {}, {1: 1}, [])
+    assert tt.found(tmp_path, "tokens.new_token_ids_length") == []
