@@ -179,6 +179,60 @@ def free_encoder_twice(after: int = 2) -> Callable:
 
 # --- worker reads: blocks (docs/worker-reads.md) ---
 
+def _follow_tables(so, tables: dict) -> None:
+    """Each request's block table (KV cache group 0) as the worker builds it from this
+    SchedulerOutput: a new or resumed request's blocks are the whole table, a running one's are
+    appended, a preempted one's are gone."""
+    for r in so.scheduled_new_reqs:
+        tables[r.req_id] = list(r.block_ids[0])
+    cached = so.scheduled_cached_reqs
+    for rid, nb in zip(cached.req_ids, cached.new_block_ids):
+        if rid in cached.resumed_req_ids:
+            tables[rid] = list(nb[0]) if nb else []
+        elif nb:
+            tables.setdefault(rid, []).extend(nb[0])
+    for rid in getattr(so, "preempted_req_ids", None) or ():
+        tables.pop(rid, None)
+
+
+def zero_held_block(after: int = 3) -> Callable:
+    """From step `after` on, the first running request given no new block in a step has the
+    last block of its table (a block it filled in an earlier step) added to
+    new_block_ids_to_zero: the worker wipes that KV before the forward pass. The CPU build's
+    cache needs no zeroing, so the real scheduler sends None there; the break makes the list.
+    Returns (step, req_id)."""
+    tables: dict[str, list[int]] = {}
+    done = []
+
+    def mutate(so, step):
+        hit = None
+        if not done and step >= after:
+            cached = so.scheduled_cached_reqs
+            for rid, nb in zip(cached.req_ids, cached.new_block_ids):
+                if not (nb and nb[0]) and rid not in cached.resumed_req_ids and tables.get(rid):
+                    so.new_block_ids_to_zero = ((so.new_block_ids_to_zero or [])
+                                                + [tables[rid][-1]])
+                    done.append(rid)
+                    hit = step, rid
+                    break
+        _follow_tables(so, tables)
+        return hit
+
+    return mutate
+
+
+def zero_past_cache(num_blocks: int, at: int = 2) -> Callable:
+    """At step `at`, new_block_ids_to_zero names block `num_blocks`, one past the KV cache's
+    last. Returns (step, None)."""
+
+    def mutate(so, step):
+        if step == at:
+            so.new_block_ids_to_zero = (so.new_block_ids_to_zero or []) + [num_blocks]
+            return step, None
+        return None
+
+    return mutate
+
 
 # --- worker reads: drafts, structured output, pipeline (docs/worker-reads.md) ---
 
