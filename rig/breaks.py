@@ -234,6 +234,50 @@ def zero_past_cache(num_blocks: int, at: int = 2) -> Callable:
     return mutate
 
 
+def repeat_new_blocks() -> Callable:
+    """The first running request given new blocks is given each of them twice
+    (`nb[0].extend(nb[0])`): its table's last entries map two ranges of positions to the same
+    slots. Returns (step, req_id)."""
+    done = []
+
+    def mutate(so, step):
+        cached = so.scheduled_cached_reqs
+        for rid, nb in zip(cached.req_ids, cached.new_block_ids):
+            if not done and nb and nb[0] and rid not in cached.resumed_req_ids:
+                nb[0].extend(list(nb[0]))
+                done.append(rid)
+                return step, rid
+        return None
+
+    return mutate
+
+
+def grow_table_past_width(num_blocks: int, width: int) -> Callable:
+    """The first running request given new blocks is given enough more to make its table
+    `width` + 1 blocks long (width: cdiv(max_model_len, block_size), the worker's row), from
+    the cache's last ids, which the scheduler of a small scenario never reaches and no table
+    holds. Returns (step, req_id)."""
+    tables: dict[str, list[int]] = {}
+    done = []
+
+    def mutate(so, step):
+        hit = None
+        cached = so.scheduled_cached_reqs
+        for rid, nb in zip(cached.req_ids, cached.new_block_ids):
+            if not done and nb and nb[0] and rid not in cached.resumed_req_ids and rid in tables:
+                held = {b for t in tables.values() for b in t}
+                spare = [b for b in range(num_blocks - 1, 0, -1) if b not in held]
+                more = width + 1 - len(tables[rid]) - len(nb[0])
+                nb[0].extend(spare[:more])
+                done.append(rid)
+                hit = step, rid
+                break
+        _follow_tables(so, tables)
+        return hit
+
+    return mutate
+
+
 # --- worker reads: drafts, structured output, pipeline (docs/worker-reads.md) ---
 
 def draft_without_drafter(token: int = 7) -> Callable:

@@ -85,3 +85,29 @@ def test_zeroing_past_the_cache(tiny_model, tmp_path):
     report = findings(tmp_path, ZEROING)
     assert hits(report, "blocks.zeroed_out_of_range") == broken
     assert hits(report, "blocks.zeroed_held") == []
+
+
+@pytest.mark.parametrize("batch_queue", [1, 2])
+def test_new_blocks_given_twice(tiny_model, tmp_path, batch_queue):
+    """A running request's new blocks each given twice in one step: reported for that row."""
+    broken = patched(tiny_model, tmp_path, SCENARIO, breaks.repeat_new_blocks(),
+                     batch_queue=batch_queue)
+    report = findings(tmp_path, ["blocks.repeated_in_grant", "blocks.double_owner"])
+    assert hits(report, "blocks.repeated_in_grant") == broken
+    assert hits(report, "blocks.double_owner") == []  # a request with itself, in one step
+
+
+@pytest.mark.parametrize("batch_queue", [1, 2])
+def test_table_grown_past_the_row(tiny_model, tmp_path, batch_queue):
+    """A running request's table grown to one block past cdiv(max_model_len, block_size) (from
+    blocks no one holds): reported at that step alone."""
+    c = _config()
+    width = -(-c.max_model_len // c.block_size)
+    broken = patched(tiny_model, tmp_path, SCENARIO,
+                     breaks.grow_table_past_width(c.num_blocks, width), batch_queue=batch_queue)
+    report = findings(tmp_path, ["blocks.table_too_long", "blocks.double_owner",
+                                 "blocks.out_of_range"])
+    assert hits(report, "blocks.table_too_long") == broken
+    assert hits(report, "blocks.double_owner") == hits(report, "blocks.out_of_range") == []
+    (f,) = [f for f in report.findings if f.invariant == "blocks.table_too_long"]
+    assert f"block table of {width + 1} blocks, past the {width}" in f.message

@@ -123,3 +123,72 @@ def test_zeroed_held_null_block_is_not_compared(tmp_path):
     write(tmp_path, 2, [new(0, "a", 0, 8, [0, 2]), cached(1, "a", 8, 1, [3])],
           zero={0: [2], 1: [3, 0]}, requests=[intro(0, "a", 8)])
     assert tt.found(tmp_path, "blocks.zeroed_held") == []
+
+
+# --- blocks.repeated_in_grant ------------------------------------------------------------------
+
+def test_repeated_in_grant_a_running_requests_block_twice(tmp_path):
+    """A running request crossing into two blocks is given block 5 twice: its table's last two
+    entries map eight positions onto four slots."""
+    write(tmp_path, 2, [new(0, "a", 0, 8, [3, 4]), cached(1, "a", 8, 5, [5, 5])],
+          requests=[intro(0, "a", 8)])
+    assert tt.found(tmp_path, "blocks.repeated_in_grant") == [
+        (1, "a", "1 block(s) given more than once (e.g. block 5, 2 times)")]
+
+
+def test_repeated_in_grant_counts_each_block(tmp_path):
+    """A new request's table names blocks 7 three times and 6 twice (one row, both counted)."""
+    write(tmp_path, 1, [new(0, "a", 0, 24, [7, 6, 7, 8, 6, 7])], requests=[intro(0, "a", 24)])
+    assert tt.found(tmp_path, "blocks.repeated_in_grant") == [
+        (0, "a", "2 block(s) given more than once (e.g. block 6, 2 times)")]
+
+
+def test_repeated_in_grant_null_blocks_and_other_steps(tmp_path):
+    """Near miss: the null block 0 repeated (a sliding window's skipped blocks), in a table of
+    three and one of two, and block 5 given to the same request again in a later step
+    (blocks.double_owner's, not this check's); two distinct blocks."""
+    write(tmp_path, 2, [new(0, "a", 0, 12, [0, 0, 5]), cached(1, "a", 12, 1, [5]),
+                        new(1, "b", 0, 8, [0, 0], pos=0), new(1, "c", 0, 8, [6, 7], pos=1)],
+          requests=[intro(0, "a", 12), intro(1, "b", 8), intro(1, "c", 8, pos=1)])
+    assert tt.found(tmp_path, "blocks.repeated_in_grant") == []
+
+
+# --- blocks.table_too_long ---------------------------------------------------------------------
+
+WIDE = {"num_kv_blocks": 64}  # room for ids past 15: the table is what is too long
+
+
+def test_table_too_long_one_block_past_the_row(tmp_path):
+    """A request holding the 16 blocks max_model_len 64 needs is given a 17th: the worker's
+    numpy assignment past the row's end (here 16 wide) raises."""
+    write(tmp_path, 3, [new(0, "a", 0, 60, list(range(1, 17))), cached(1, "a", 60, 1),
+                        cached(2, "a", 61, 1, [17])],
+          requests=[intro(0, "a", 60)], settings=WIDE)
+    assert tt.found(tmp_path, "blocks.table_too_long") == [
+        (2, "a", "block table of 17 blocks, past the 16 that max_model_len 64 needs at 4 tokens "
+                 "a block")]
+
+
+def test_table_too_long_full_row_and_tables_replaced(tmp_path):
+    """Near miss: a table of exactly 16 blocks; and a request whose resumed table replaces the
+    one it lost (12 blocks, then 14: 26 given in all, never 17 at once)."""
+    write(tmp_path, 4,
+          [new(0, "a", 0, 48, list(range(1, 13))), cached(1, "a", 48, 4, [13]),
+           cached(2, "a", 52, 8, [14, 15, 16]), cached(3, "a", 60, 1),
+           new(0, "b", 0, 40, list(range(20, 30)), pos=1), cached(1, "b", 40, 8, [30, 31], pos=1),
+           resumed(3, "b", 0, 56, list(range(40, 54)), pos=1)],
+          requests=[intro(0, "a", 48), intro(0, "b", 40, pos=1)],
+          preempted=[{"step": 2, "req_id": "b"}], settings=WIDE)
+    assert tt.found(tmp_path, "blocks.table_too_long") == []
+
+
+def test_table_too_long_after_a_resume(tmp_path):
+    """The length counts from the last whole table: resumed with 14 blocks, b is then given 3
+    more in one step (17), and one more later (reported once, at the first step past the row)."""
+    write(tmp_path, 5,
+          [new(0, "b", 0, 40, list(range(20, 30))), resumed(2, "b", 0, 56, list(range(40, 54))),
+           cached(3, "b", 56, 4, [54, 55, 56]), cached(4, "b", 60, 1, [57])],
+          requests=[intro(0, "b", 40)], preempted=[{"step": 1, "req_id": "b"}], settings=WIDE)
+    assert tt.found(tmp_path, "blocks.table_too_long") == [
+        (3, "b", "block table of 17 blocks, past the 16 that max_model_len 64 needs at 4 tokens "
+                 "a block")]
