@@ -173,6 +173,74 @@ def free_encoder_twice(after: int = 2) -> Callable:
 
 # --- worker reads: encoder reads of drafts (docs/worker-reads.md) ---
 
+def free_by_optimistic_count() -> Callable:
+    """LOOK-ALIKE inputs and drafter, on spec_decode with batch_queue=2 (the real
+    AsyncScheduler, its ngram drafts sent as -1 placeholders; the CPU build has no drafter that
+    takes multimodal embeddings, so the test marks the recording's drafter as eagle). The first
+    request prefilled whole gets a one-token image at each position from its prompt's end on,
+    all encoded with its prefill: no real input lies there, but the drafter's window behind
+    the target's never reaches the prompt. Each image is freed once its placeholder ends at or
+    below the num_computed_tokens sent, which under async scheduling still counts the previous
+    step's drafts as accepted (a scheduler that frees by that count, instead of the confirmed
+    count less the drafter's look-ahead as _free_encoder_inputs does). After a step whose
+    output rejected 2 drafts, the next step frees an image that its drafter reads (behind
+    the target's window, from the worker's corrected count). Returns (step, req_id) of the
+    first such step, found a step late (the rejections reach the scheduler's count only
+    then), and frees no more until the request's finish delivers the rest."""
+    from vllm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange
+
+    st: dict = {"rid": None, "done": False}
+    ends: dict[str, int] = {}  # identifier -> placeholder end, for the images not freed yet
+    rows: dict[int, tuple[int, int, int]] = {}  # step -> (num_computed, scheduled, drafts)
+    freed: dict[int, list[int]] = {}  # step -> ends of the images freed in it
+
+    def introduce(so):
+        for r in so.scheduled_new_reqs:
+            p = len(r.prompt_token_ids)
+            if r.num_computed_tokens == 0 and so.num_scheduled_tokens.get(r.req_id) == p:
+                st["rid"] = r.req_id
+                r.mm_features = []
+                for j in range(r.sampling_params.max_tokens + 8):
+                    h = f"past-prompt-{r.req_id}-{p + j}"
+                    r.mm_features.append(MultiModalFeatureSpec(
+                        data=None, modality="image", identifier=h, mm_hash=h,
+                        mm_position=PlaceholderRange(offset=p + j, length=1)))
+                    ends[h] = p + j + 1
+                so.scheduled_encoder_inputs[r.req_id] = list(range(len(r.mm_features)))
+                return
+
+    def mutate(so, step):
+        rid = st["rid"]
+        if rid is None:
+            introduce(so)
+            return None
+        if rid in so.finished_req_ids:
+            so.free_encoder_mm_hashes.extend(sorted(ends, key=ends.get))
+            ends.clear()
+            return None
+        cached = so.scheduled_cached_reqs
+        if st["done"] or rid not in cached.req_ids or rid in cached.resumed_req_ids:
+            return None
+        nc = cached.num_computed_tokens[cached.req_ids.index(rid)]
+        rows[step] = (nc, so.num_scheduled_tokens[rid],
+                      len(so.scheduled_spec_decode_tokens.get(rid, ())))
+        prev, before = rows.get(step - 1), rows.get(step - 2)
+        if prev and before and before[2]:
+            # step - 2's rejected drafts, taken off the scheduler's count after step - 1
+            rejected = prev[0] + prev[1] - nc
+            start = prev[0] - rejected + 1  # the drafter's window in step - 1
+            if 2 <= rejected <= before[2] and any(
+                    start < e <= prev[0] and e - 1 < start - 1 + prev[1]
+                    for e in freed.get(step - 1, ())):
+                st["done"] = True
+                return step - 1, rid
+        gone = sorted((h for h, e in ends.items() if e <= nc), key=ends.get)
+        so.free_encoder_mm_hashes.extend(gone)
+        freed[step] = [ends.pop(h) for h in gone]
+        return None
+
+    return mutate
+
 
 # --- worker reads: tokens and outputs (docs/worker-reads.md) ---
 
