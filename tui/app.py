@@ -325,7 +325,7 @@ class ContractApp(App):
     def all_findings(self) -> list[Finding]:
         """The catalog's and the worker's, less the worker's that repeat a catalog finding
         (as `check --worker` reports them)."""
-        return without_repeats(self.findings, self.worker_findings)
+        return without_repeats(self.findings, self.worker_findings, key=checks.in_pane)
 
     def _remark(self) -> None:
         steps = {f.step for f in self.all_findings() if f.step is not None}

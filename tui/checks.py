@@ -33,6 +33,12 @@ def known_ids() -> set[str]:
     return {i.id for i in load_catalog()}
 
 
+def in_pane(f: Finding) -> tuple:
+    """The findings pane's order: by step, with notes on the whole trace (no step, info: what
+    it cannot verify) after the findings there is a step to go to."""
+    return (f.step is None and f.severity == "info", *by_step(f))
+
+
 def findings(gw: Gateway, engine: str, cancelled=lambda: False) -> list[Finding]:
     """The catalog's findings for one engine (and those of the whole trace), by step. One
     check at a time, so that a cancel (the app closing) is seen between them."""
@@ -42,5 +48,5 @@ def findings(gw: Gateway, engine: str, cancelled=lambda: False) -> list[Finding]
             break
         found += run_checks(gw, [inv]).findings
     mine = [f for f in found if f.engine in (None, engine)]
-    mine.sort(key=by_step)
+    mine.sort(key=in_pane)
     return mine
