@@ -18,8 +18,10 @@ WITH first_seen AS (
     SELECT engine, identifier, MIN(step) AS step FROM mm_inputs GROUP BY engine, identifier
 ),
 frees AS (
+    -- two frees of a hash in one step tie, and are alike but for their position: either order
+    -- gives the same rows
     SELECT f.engine, f.step, f.mm_hash, s.identifier IS NOT NULL AS known,
-           LAG(f.step) OVER (PARTITION BY f.engine, f.mm_hash ORDER BY f.step, f.pos) AS prev_free
+           LAG(f.step) OVER (PARTITION BY f.engine, f.mm_hash ORDER BY f.step) AS prev_free
     FROM freed_mm f
     LEFT JOIN first_seen s ON s.engine = f.engine AND s.identifier = f.mm_hash AND s.step <= f.step
 ),
@@ -38,7 +40,7 @@ with_inputs AS (
     SELECT s.engine, s.step, s.req_id, s.encoder_inputs
     FROM scheduled s
     JOIN users u ON u.engine = s.engine AND u.req_id = s.req_id
-    WHERE s.encoder_inputs IS NOT NULL
+    -- no filter on encoder_inputs: one below the join would decode every row's list
 ),
 inputs AS (
     SELECT engine, step, req_id, UNNEST(encoder_inputs) AS idx FROM with_inputs
