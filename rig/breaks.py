@@ -170,6 +170,50 @@ def free_encoder_twice(after: int = 2) -> Callable:
     return mutate
 
 
+def encoder_input_past_features() -> Callable:
+    """LOOK-ALIKE inputs (encoder_lookalike): the first new request with an image is also
+    scheduled encoder input len(mm_features), one past its features (an index kept from another
+    request, or counted before a feature was dropped): an IndexError in the worker. Returns
+    (step, req_id)."""
+    done = []
+
+    def mutate(so, step):
+        for r in so.scheduled_new_reqs:
+            if r.mm_features and not done:
+                so.scheduled_encoder_inputs.setdefault(r.req_id, []).append(len(r.mm_features))
+                done.append(r.req_id)
+                return step, r.req_id
+        return None
+
+    return mutate
+
+
+def encoder_input_stripped() -> Callable:
+    """LOOK-ALIKE inputs (on prefix_cache: its prefix hits are real, its image is stamped
+    here): the first new request whose num_computed_tokens is a prefix hit past token 10 gets
+    an image on tokens 2..9, sent as NewRequestData.from_request sends a covered feature (data
+    None, strip_covered_mm_data), and that image is scheduled for encoding anyway, as a
+    scheduler that ignores num_computed_tokens in _try_schedule_encoder_inputs would. The
+    worker skips it and caches nothing. Returns (step, req_id)."""
+    from vllm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange
+
+    done = []
+
+    def mutate(so, step):
+        for r in so.scheduled_new_reqs:
+            if r.num_computed_tokens >= 10 and not done:
+                mm_hash = f"img-{r.req_id}-stripped"
+                r.mm_features = [MultiModalFeatureSpec(
+                    data=None, modality="image", identifier=mm_hash, mm_hash=mm_hash,
+                    mm_position=PlaceholderRange(offset=2, length=8))]
+                so.scheduled_encoder_inputs[r.req_id] = [0]
+                done.append(r.req_id)
+                return step, r.req_id
+        return None
+
+    return mutate
+
+
 
 # --- worker reads: encoder reads of drafts (docs/worker-reads.md) ---
 

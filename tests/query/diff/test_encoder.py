@@ -280,3 +280,106 @@ def test_unscheduled_encoder_inputs_with_the_prefill(tmp_path):
     _a_decoding_at_step_1(tmp_path, scheduled=[prefill(1, "b", [3, 4])],
                           requests=[intro(1, "b")], mm_inputs=[image(1, "b", "img-b")])
     assert tt.found(tmp_path, "encoder.unscheduled") == []
+
+
+# --- encoder.input_unknown ----------------------------------------------------------------------
+
+def test_input_unknown_index_past_the_features(tmp_path):
+    """a brought one image and its prefill schedules encoder inputs 0 and 1: mm_features[1] is
+    an IndexError in the worker."""
+    write(tmp_path, 1, [dict(prefill(0, "a", [0, 1]), encoder_inputs=[0, 1])],
+          requests=[intro(0, "a")], mm_inputs=[image(0, "a", "img-a")])
+    assert tt.found(tmp_path, "encoder.input_unknown") == [
+        (0, "a", "encoder input 1 outside the 1 mm_features of its introduction at step 0")]
+
+
+def _b_without_features(tmp_path, a_image):
+    # a brings an image (or not), b none, and both prefills schedule encoder input 0
+    write(tmp_path, 1, [prefill(0, "a", [0, 1]), prefill(0, "b", [2, 3], pos=1)],
+          requests=[intro(0, "a"), intro(0, "b", pos=1)],
+          mm_inputs=[image(0, "a", "img-a")] if a_image else [])
+
+
+def test_input_unknown_request_without_features(tmp_path):
+    """b brought no multimodal input at all, yet its prefill schedules encoder input 0."""
+    _b_without_features(tmp_path, a_image=True)
+    assert tt.found(tmp_path, "encoder.input_unknown") == [
+        (0, "b", "encoder input 0 outside the 0 mm_features of its introduction at step 0")]
+
+
+def test_input_unknown_text_only_engine(tmp_path):
+    """Near miss: no request of the engine brought a multimodal input, so its model is taken
+    for a text-only one, whose runner never reads scheduled_encoder_inputs."""
+    _b_without_features(tmp_path, a_image=False)
+    assert tt.found(tmp_path, "encoder.input_unknown") == []
+
+
+def test_input_unknown_second_of_two_images(tmp_path):
+    """Near miss: a brought two images, and its prefill schedules both."""
+    write(tmp_path, 1, [dict(prefill(0, "a", [0, 1]), encoder_inputs=[0, 1])],
+          requests=[intro(0, "a")],
+          mm_inputs=[image(0, "a", "img-a"), dict(image(0, "a", "img-a2"), pos=1, offset=4)])
+    assert tt.found(tmp_path, "encoder.input_unknown") == []
+
+
+def _reused_id(tmp_path, second_inputs):
+    # a's first instance brings two images (step 0) and finishes; the id comes back at step 3
+    # with one image, its prefill scheduling `second_inputs`
+    write(tmp_path, 4,
+          [dict(prefill(0, "a", [0, 1]), encoder_inputs=[0, 1]), decode(1, "a", 8, [2]),
+           dict(prefill(3, "a", [3, 4]), encoder_inputs=second_inputs)],
+          requests=[intro(0, "a"), intro(3, "a")],
+          mm_inputs=[image(0, "a", "img-a"), dict(image(0, "a", "img-a2"), pos=1, offset=4),
+                     image(3, "a", "img-c")], **finish(1, "a"))
+
+
+def test_input_unknown_reused_id_counts_its_own_features(tmp_path):
+    """The reused id's new instance brought one image: its input 1 is out of range, although
+    the id's first instance had two."""
+    _reused_id(tmp_path, [1])
+    assert tt.found(tmp_path, "encoder.input_unknown") == [
+        (3, "a", "encoder input 1 outside the 1 mm_features of its introduction at step 3")]
+
+
+def test_input_unknown_reused_id_in_range(tmp_path):
+    """Near miss: the new instance schedules its one image."""
+    _reused_id(tmp_path, [0])
+    assert tt.found(tmp_path, "encoder.input_unknown") == []
+
+
+def _prefix_hit(tmp_path, computed):
+    # a is introduced with `computed` prompt tokens already cached (a prefix hit) and its
+    # image (tokens 0..3) scheduled for encoding with the rest of the prefill
+    write(tmp_path, 1,
+          [dict(prefill(0, "a", [0, 1]), num_computed_tokens=computed,
+                num_scheduled_tokens=8 - computed)],
+          requests=[intro(0, "a")], mm_inputs=[image(0, "a", "img-a")])
+
+
+def test_input_unknown_stripped_feature(tmp_path):
+    """The prefix hit covers the image's placeholder: NewRequestData carries the feature without
+    its data, and the worker skips the scheduled input, caching nothing."""
+    _prefix_hit(tmp_path, 4)
+    assert tt.found(tmp_path, "encoder.input_unknown") == [
+        (0, "a", "encoder input 0 (img-a, tokens 0..3) came without its data: "
+                 "num_computed_tokens 4 at its introduction (step 0) covered it")]
+
+
+def test_input_unknown_feature_not_quite_covered(tmp_path):
+    """Near miss: the hit stops one token short of the placeholder's end, so the data came."""
+    _prefix_hit(tmp_path, 3)
+    assert tt.found(tmp_path, "encoder.input_unknown") == []
+
+
+def test_input_unknown_stripped_feature_after_a_preemption(tmp_path):
+    """a came with its image covered (data stripped) and is preempted; resumed from token 0 it
+    schedules the image's encoder, but the worker still holds the stripped feature from a's
+    introduction."""
+    first = dict(prefill(0, "a", [0, 1]), num_computed_tokens=4, num_scheduled_tokens=4,
+                 encoder_inputs=None)
+    back = dict(tt.resumed(2, "a", 0, 8, [2, 3]), encoder_inputs=[0])
+    write(tmp_path, 3, [first, back], requests=[intro(0, "a")],
+          mm_inputs=[image(0, "a", "img-a")], preempted=[{"step": 1, "req_id": "a"}])
+    assert tt.found(tmp_path, "encoder.input_unknown") == [
+        (2, "a", "encoder input 0 (img-a, tokens 0..3) came without its data: "
+                 "num_computed_tokens 4 at its introduction (step 0) covered it")]
