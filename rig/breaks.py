@@ -288,6 +288,47 @@ def free_by_optimistic_count() -> Callable:
 
 # --- worker reads: tokens and outputs (docs/worker-reads.md) ---
 
+def drop_all_token_ids() -> Callable:
+    """The first resumed request with outputs is sent without its all_token_ids (a scheduler
+    that fills the dict from its own notion of which ids left the batch and forgets that a
+    preemption takes one out): under async scheduling the worker's all_token_ids[req_id]
+    raises KeyError. Returns (step, req_id)."""
+    done = []
+
+    def mutate(so, step):
+        cached = so.scheduled_cached_reqs
+        for rid in sorted(cached.resumed_req_ids):
+            if (not done and rid in cached.all_token_ids
+                    and cached.num_output_tokens[cached.req_ids.index(rid)] > 0):
+                del cached.all_token_ids[rid]
+                done.append(rid)
+                return step, rid
+        return None
+
+    return mutate
+
+
+def stale_all_token_ids() -> Callable:
+    """The first resumed request with outputs is sent its token ids as they were before its
+    last sampled token (a copy taken before the update that appended it): long enough, but
+    under async scheduling the worker takes its last num_output_tokens entries as the outputs,
+    one of them a prompt token. Returns (step, req_id)."""
+    done = []
+
+    def mutate(so, step):
+        cached = so.scheduled_cached_reqs
+        for rid in sorted(cached.resumed_req_ids):
+            if (not done and rid in cached.all_token_ids
+                    and cached.num_output_tokens[cached.req_ids.index(rid)] > 0):
+                cached.all_token_ids[rid] = cached.all_token_ids[rid][:-1]
+                done.append(rid)
+                return step, rid
+        return None
+
+    return mutate
+
+
+
 
 # --- worker reads: blocks (docs/worker-reads.md) ---
 
