@@ -330,6 +330,26 @@ def stale_all_token_ids() -> Callable:
 
 
 
+def undercount_outputs() -> Callable:
+    """The first decoding request past its second output is sent num_output_tokens one short
+    (a count taken before the last update): the worker reads a smaller count as discarded
+    outputs and truncates the tokens it holds. Returns (step, req_id)."""
+    done = []
+
+    def mutate(so, step):
+        cached = so.scheduled_cached_reqs
+        for i, rid in enumerate(cached.req_ids):
+            if (not done and rid not in cached.resumed_req_ids
+                    and cached.num_output_tokens[i] >= 2):
+                cached.num_output_tokens[i] -= 1
+                done.append(rid)
+                return step, rid
+        return None
+
+    return mutate
+
+
+
 # --- worker reads: blocks (docs/worker-reads.md) ---
 
 def _follow_tables(so, tables: dict) -> None:

@@ -36,3 +36,14 @@ def test_resumed_row_with_stale_all_token_ids(tiny_model, tmp_path):
     report = findings(tmp_path)
     assert hits(report, "outputs.all_token_ids_mismatch") == broken
     assert hits(report, "outputs.all_token_ids_missing") == []
+
+
+@pytest.mark.parametrize("scenario", ["mixed", "chunked_prefill"])
+def test_decoding_row_one_output_short(tiny_model, tmp_path, scenario):
+    """One batch in flight: a decoding request's count one short, reported for that row alone
+    (the next row's right count is more than the worker then holds)."""
+    broken = patched(tiny_model, tmp_path, scenario, breaks.undercount_outputs())
+    report = findings(tmp_path)
+    assert hits(report, "outputs.count_below_held") == broken
+    (f,) = [f for f in report.findings if f.invariant == "outputs.count_below_held"]
+    assert "(sampled before this step)" in f.message

@@ -184,3 +184,89 @@ def test_all_token_ids_with_drafts_accepted(tmp_path):
 def test_all_token_ids_other_tokens_on_a_sync_engine(tmp_path):
     write(tmp_path, preempted_and_back(SENT[:-1]), OUTPUTS, preempted=[(2, "a")])
     assert tt.found(tmp_path, "outputs.all_token_ids_mismatch") == []
+
+
+# --- outputs.count_below_held -------------------------------------------------------------------
+
+def decoding(counts: dict[int, int], last: int = 5) -> list[dict]:
+    """a prefills at 0 and decodes a token a step through `last`; num_output_tokens of step s is
+    s, or counts[s]."""
+    return [tt.new(0, "a", 0, 4, [0])] + [
+        tt.cached(s, "a", 3 + s, 1, None, num_output_tokens=counts.get(s, s))
+        for s in range(1, last + 1)]
+
+
+DECODED = [out(s) for s in range(5)]
+
+
+def test_count_one_short_while_decoding(tmp_path):
+    """Step 3 says 2 outputs; the worker holds 3 (steps 0-2): it truncates there. Step 4's count
+    is right, and more than the 2 + 1 the worker then holds."""
+    write(tmp_path, decoding({3: 2}), DECODED)
+    assert tt.found(tmp_path, "outputs.count_below_held") == [
+        (3, "a", "cached: num_output_tokens 2 < 3 outputs the worker holds "
+                 "(sampled before this step)")]
+
+
+def test_count_right_while_decoding(tmp_path):
+    write(tmp_path, decoding({}), DECODED)
+    assert tt.found(tmp_path, "outputs.count_below_held") == []
+
+
+def test_count_short_again_after_a_truncation(tmp_path):
+    """Step 3 truncates the worker's outputs to 2; step 4 says 2 again, where the worker holds the
+    2 and the one sampled at step 3."""
+    write(tmp_path, decoding({3: 2, 4: 2}), DECODED)
+    assert tt.found(tmp_path, "outputs.count_below_held") == [
+        (3, "a", "cached: num_output_tokens 2 < 3 outputs the worker holds "
+                 "(sampled before this step)"),
+        (4, "a", "cached: num_output_tokens 2 < 3 outputs the worker holds "
+                 "(2 at step 3 + 1 sampled since)")]
+
+
+def test_count_short_on_an_async_engine(tmp_path):
+    """Async: the count includes placeholders and the truncation is the worker's own correction."""
+    write(tmp_path, decoding({3: 2}), DECODED, settings=ASYNC)
+    assert tt.found(tmp_path, "outputs.count_below_held") == []
+
+
+def recomputing(count: int) -> list[dict]:
+    """a decodes 3 tokens (steps 0-2), is preempted at 3 and resumed at 4, recomputing its 4 + 3
+    tokens in two chunks (4, then 3): prompt + outputs are more than either chunk reaches."""
+    return [tt.new(0, "a", 0, 4, [0]),
+            tt.cached(1, "a", 4, 1, [1], num_output_tokens=1),
+            tt.cached(2, "a", 5, 1, None, num_output_tokens=2),
+            {**tt.resumed(4, "a", 0, 4, [2]), "num_output_tokens": count},
+            tt.cached(5, "a", 4, 3, [3], num_output_tokens=3)]
+
+
+def test_count_short_while_recomputing(tmp_path):
+    """The resumed row says 2 of a's 3 outputs: computed + scheduled (4) stays within prompt +
+    outputs, so no other check sees it, and the sync worker truncates the outputs it kept."""
+    write(tmp_path, recomputing(2), [out(0), out(1), out(2), out(4, toks=[]), out(5)],
+          preempted=[(3, "a")])
+    assert tt.found(tmp_path, "outputs.count_below_held") == [
+        (4, "a", "resumed: num_output_tokens 2 < 3 outputs the worker holds "
+                 "(sampled before this step)")]
+
+
+def test_count_right_while_recomputing(tmp_path):
+    write(tmp_path, recomputing(3), [out(0), out(1), out(2), out(4, toks=[]), out(5)],
+          preempted=[(3, "a")])
+    assert tt.found(tmp_path, "outputs.count_below_held") == []
+
+
+def test_count_short_resumed_on_a_pipeline_parallel_engine(tmp_path):
+    """Pipeline parallel: a reset_prefix_cache may have dropped the output in flight."""
+    write(tmp_path, recomputing(2), [out(0), out(1), out(2), out(4, toks=[]), out(5)],
+          preempted=[(3, "a")], settings={"parallel": {"pipeline_parallel_size": 2}})
+    assert tt.found(tmp_path, "outputs.count_below_held") == []
+
+
+def test_count_short_after_a_rollback(tmp_path):
+    """Step 3 starts 3 tokens below step 2's end, with no drafts and no preemption: a KV-load
+    failure's truncation, whose step's sampled token the scheduler discarded."""
+    rows = decoding({3: 2}, last=3)
+    rows[3] = {**rows[3], "num_computed_tokens": 3, "num_scheduled_tokens": 3}
+    write(tmp_path, rows, DECODED[:4])
+    assert tt.found(tmp_path, "outputs.count_below_held") == []
