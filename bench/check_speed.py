@@ -37,11 +37,14 @@ SAME = ["tokens.total_mismatch", "tokens.nonpositive", "tokens.duplicate_request
 # of it, a little faster than the scan does (bench/RESULTS.md).
 SCAN_COLUMNS = {
     "scheduled": ("step", "req_id", "kind", "pos", "num_scheduled_tokens", "num_computed_tokens",
-                  "num_output_tokens", "new_block_ids", "spec_token_ids", "encoder_inputs"),
+                  "num_output_tokens", "new_block_ids", "spec_token_ids", "encoder_inputs",
+                  "all_token_ids", "new_token_ids"),
     "model_outputs": ("step", "req_id", "pos", "sampled_token_ids"),
     "steps": ("step", "t_ns", "total_num_scheduled_tokens", "num_running", "num_waiting",
-              "num_new", "num_cached", "num_finished"),
-    "requests": ("step", "req_id", "prompt_len"),
+              "num_new", "num_cached", "num_finished", "cached_new_token_ids_len",
+              "has_structured_output_requests", "new_block_ids_to_zero",
+              "num_spec_tokens_to_schedule"),
+    "requests": ("step", "req_id", "prompt_len", "sampling_params"),
     "finished": ("step", "req_id"),
     "finish_events": ("step", "req_id", "reason", "source", "t_ns"),
     "preempted": ("step", "req_id"),
@@ -50,7 +53,7 @@ SCAN_COLUMNS = {
     "transport": ("step", "event", "worker", "seq", "t_ns"),
     "updates": ("step", "t_ns"),
     "extra_fields": ("step", "owner", "field", "value_json"),
-    "redacted": ("step",),
+    "redacted": ("step", "req_id", "field", "length"),
     "malformed_steps": ("step", "stage", "error"),
 }
 

@@ -51,7 +51,6 @@ def forget_new_request() -> Callable:
     return mutate
 
 
-
 def free_encoder_between_chunks() -> Callable:
     """LOOK-ALIKE inputs (encoder_lookalike: the CPU build cannot schedule a multimodal model
     here): a new request whose prefill is chunked gets its image's placeholder moved across the
@@ -214,7 +213,6 @@ def encoder_input_stripped() -> Callable:
     return mutate
 
 
-
 # --- worker reads: encoder reads of drafts (docs/worker-reads.md) ---
 
 def free_by_optimistic_count() -> Callable:
@@ -328,8 +326,6 @@ def stale_all_token_ids() -> Callable:
     return mutate
 
 
-
-
 def undercount_outputs() -> Callable:
     """The first decoding request past its second output is sent num_output_tokens one short
     (a count taken before the last update): the worker reads a smaller count as discarded
@@ -347,7 +343,6 @@ def undercount_outputs() -> Callable:
         return None
 
     return mutate
-
 
 
 # --- worker reads: blocks (docs/worker-reads.md) ---
