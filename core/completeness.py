@@ -127,13 +127,13 @@ def unverifiable(e: EngineTrace) -> list[str]:
     notes = []
     if bare:
         notes.append(f"{bare} of {len(parquet)} Parquet segment(s) carry no page checksums "
-                     "(written before vllm-contract wrote them): bytes changed in them cannot "
-                     "be detected")
+                     "(written before vllm-contract wrote them, or by another tool): bytes "
+                     "changed in them cannot be detected")
     if uncounted:
         notes.append(f"{uncounted} of {len(steps)} steps segment(s) carry no row counts "
-                     "(recorded or compacted before commit markers): rows lost from the other "
-                     "tables there cannot be detected, only the steps' count is compared with "
-                     "the manifest")
+                     "(recorded or compacted before commit markers, or by another tool): rows "
+                     "lost from the other tables there cannot be detected, only the steps' count "
+                     "is compared with the manifest")
     return notes
 
 

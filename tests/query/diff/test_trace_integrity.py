@@ -181,10 +181,11 @@ def test_unverified_parquet_without_checksums_or_counts(tmp_path):
     files = len(list((tmp_path / tt.ENGINE).glob("*/*.parquet")))
     assert tt.found(tmp_path, "trace.unverified") == [
         (None, None, f"{files} of {files} Parquet segment(s) carry no page checksums (written "
-                     "before vllm-contract wrote them): bytes changed in them cannot be detected"),
+                     "before vllm-contract wrote them, or by another tool): bytes changed in them "
+                     "cannot be detected"),
         (None, None, "1 of 1 steps segment(s) carry no row counts (recorded or compacted before "
-                     "commit markers): rows lost from the other tables there cannot be detected, "
-                     "only the steps' count is compared with the manifest")]
+                     "commit markers, or by another tool): rows lost from the other tables there "
+                     "cannot be detected, only the steps' count is compared with the manifest")]
 
 
 def test_unverified_stream_without_commit_markers(tmp_path):
@@ -213,4 +214,5 @@ def test_unverified_recorded_and_compacted_says_nothing(tmp_path):
     total = len(list(rk.engine_dir(root).glob("*/*.parquet")))
     assert tt.found(root, "trace.unverified") == [
         (None, None, f"1 of {total} Parquet segment(s) carry no page checksums (written before "
-                     "vllm-contract wrote them): bytes changed in them cannot be detected")]
+                     "vllm-contract wrote them, or by another tool): bytes changed in them cannot "
+                     "be detected")]
