@@ -184,3 +184,23 @@ def test_intact_traces_lose_nothing(tmp_path, name):
         assert rk.integrity(root) == []
         compact(open_trace(root))
         assert "trace.lost_rows" not in errors(root) and rk.integrity(root) == []
+
+
+@pytest.mark.parametrize("name", ["mixed", "encoder-lookalike"])
+def test_info_and_check_say_the_same_of_what_cannot_be_verified(tmp_path, name):
+    """A format-1 sample (compacted before checksums and commit markers): `check`'s
+    trace.unverified notes are `info`'s unverified lines, word for word, and its integrity
+    line stays OK; the same trace rewritten by the recorder's own writer has none."""
+    sample = rk.copy_sample(name, tmp_path / "s")
+    notes = [f["message"].split(": ", 1)[1] for f in rk.findings(sample, "trace.unverified")]
+    assert len(notes) == 2
+    r = rk.invoke("info", sample, "--format", "json")
+    (e,) = json.loads(r.stdout)["engines"]
+    assert e["unverified"] == notes and e["integrity"] == []
+    text = rk.invoke("info", sample).stdout.splitlines()
+    assert [ln.split(None, 1)[1] for ln in text if ln.startswith("unverified")] == notes
+    assert "integrity     OK" in text
+    rewritten = rk.as_streams(name, tmp_path / "t")
+    assert rk.findings(rewritten, "trace.unverified") == []
+    (e,) = json.loads(rk.invoke("info", rewritten, "--format", "json").stdout)["engines"]
+    assert e["unverified"] == []
