@@ -15,7 +15,9 @@ _EXPORTS = {"open_trace": ("vllm_contract.trace", "open_trace"),
             # the checker that runs it on a Gateway
             "Invariant": ("vllm_contract.replay.query.catalog", "Invariant"),
             "load_catalog": ("vllm_contract.replay.query.catalog", "load"),
-            "run_checks": ("vllm_contract.replay.query.checker", "run")}
+            "run_checks": ("vllm_contract.replay.query.checker", "run"),
+            # re-run the scheduler on a trace (vLLM loaded when called)
+            "resim": ("vllm_contract.replay.resim", "resim")}
 __all__ = sorted(_EXPORTS)
 
 

@@ -1,0 +1,98 @@
+"""`resim`: re-run a real vLLM Scheduler on a recorded trace and diff its decisions with the
+recording's, step by step (docs/resim.md)."""
+
+from __future__ import annotations
+
+import enum
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from vllm_contract.cli.common import ExitCode, Progress, err, fail, quiet_vllm
+from vllm_contract.errors import TraceError
+
+app = typer.Typer()
+
+
+class ResimFormat(str, enum.Enum):
+    table = "table"
+    json = "json"
+
+
+def _settings(pairs: list[str]) -> dict:
+    out = {}
+    for p in pairs:
+        key, sep, value = p.partition("=")
+        if not sep or not key:
+            fail(f"--set {p!r}: expected key=value")
+        try:
+            out[key] = json.loads(value)
+        except ValueError:  # a path or a word: the text itself
+            out[key] = value
+    return out
+
+
+def _table(summary, divergent: list) -> str:
+    s = summary
+    pct = 100.0 * s.identical_steps / s.steps if s.steps else 0.0
+    lines = [f"engine {s.engine}, re-run with {s.scheduler_class}",
+             f"{s.identical_steps:,} of {s.steps:,} steps identical ({pct:.1f} %)"]
+    if s.stopped:
+        lines.append(f"the re-run stopped there: {s.steps:,} of the recording's "
+                     f"{s.recorded_steps:,} steps run")
+    if s.first is not None:
+        lines.append(f"first divergence: {s.first.difference}")
+        later = [r for r in divergent if r.step != s.first.step]
+        if later:
+            lines.append(f"{len(later):,} more divergent step(s), the next: {later[0].difference}")
+    return "\n".join(lines) + "\n"
+
+
+@app.command()
+def resim(
+    trace: Annotated[Path, typer.Argument(help="Trace directory.")],
+    engine: Annotated[Optional[str], typer.Option("--engine", help="Engine name (needed when "
+                                                  "the trace has several).")] = None,
+    scheduler_cls: Annotated[Optional[str], typer.Option(
+        "--scheduler-cls", help="module:Class of the scheduler to re-run (default: the "
+        "installed vLLM's Scheduler, or AsyncScheduler where the recording had batches in "
+        "flight).")] = None,
+    set_: Annotated[Optional[list[str]], typer.Option(
+        "--set", help="key=value: change a recorded engine setting (model, block_size, "
+        "num_kv_blocks, max_num_batched_tokens, ...); divergence is then expected.")] = None,
+    format: Annotated[ResimFormat, typer.Option("--format", "-f")] = ResimFormat.table,
+) -> None:
+    """Re-run the scheduler on a trace's recorded inputs, with no model and no worker, and
+    compare each SchedulerOutput with the recorded one. Exit 0: every step identical;
+    1: a step diverged; 2: unusable input."""
+    quiet_vllm()
+    from vllm_contract.replay.resim import resim as run_resim
+
+    try:
+        run = run_resim(trace, engine, scheduler_cls, _settings(set_ or []) or None)
+    except TraceError as e:
+        fail(e)
+    for note in run.notes:
+        err(f"vllm-contract: note: {note}")
+    bar, total, divergent = Progress(), run.total_steps, []
+    try:
+        for i, r in enumerate(run, 1):
+            if not r.identical:
+                divergent.append(r)
+            bar.show(f"re-running [{'#' * (30 * i // total)}{'.' * (30 - 30 * i // total)}] "
+                     f"{i}/{total}")
+    except TraceError as e:
+        bar.end()
+        fail(e)
+    bar.end()
+    s = run.summary
+    if format is ResimFormat.json:
+        out = s.as_dict()
+        out["divergent_steps"] = [r.step for r in divergent]
+        typer.echo(json.dumps(out, indent=2))
+    else:
+        typer.echo(_table(s, divergent), nl=False)
+    if not s.identical:
+        raise typer.Exit(ExitCode.FOUND)

@@ -1,0 +1,23 @@
+"""`resim`: re-run a real vLLM Scheduler on a recorded trace and say, step by step, whether its
+decisions come out the same (docs/resim.md).
+
+`vllm_contract.replay.resim(trace, ...)` is both this package and the function: the package
+object is made callable, because importing the package sets it as the `resim` attribute of
+vllm_contract.replay, where it would otherwise hide the function of the same name."""
+
+from __future__ import annotations
+
+import sys
+import types
+
+from vllm_contract.replay.resim.run import Resim, StepResult, Summary, resim
+
+__all__ = ["Resim", "StepResult", "Summary", "resim"]
+
+
+class _CallablePackage(types.ModuleType):
+    def __call__(self, *args, **kwargs) -> Resim:
+        return resim(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallablePackage

@@ -1,0 +1,88 @@
+"""The vLLM objects a re-run hands the scheduler: Requests rebuilt from the recording's
+NewRequestData, and ModelRunnerOutputs built from the re-run's own batch (vLLM lazily)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vllm_contract.replay.resim.inputs import Outputs
+
+FILLER = 3  # a token for a request past its recorded outputs: only after a divergence
+
+
+class Requests:
+    """Each request the re-run added, with its incarnation (n-th introduction of its id), so
+    that a reused id reads its own recorded outputs."""
+
+    def __init__(self, block_hasher: Any, structured_manager: Any) -> None:
+        self.hasher = block_hasher
+        self.manager = structured_manager
+        self.count: dict[str, int] = {}
+        self.live: dict[str, tuple[Any, int]] = {}  # req_id -> (Request, incarnation)
+        self._arrival = 0.0
+
+    def make(self, req_id: str, prompt: list[int], sampling: Any, pooling: Any = None,
+             lora: Any = None, mm: Any = None, counted: bool = True) -> Any:
+        from vllm.v1.request import Request
+
+        # arrival times are not recorded: increasing ones keep the order requests are added in
+        self._arrival += 1.0
+        req = Request(request_id=req_id, prompt_token_ids=list(prompt), sampling_params=sampling,
+                      pooling_params=pooling, arrival_time=self._arrival, mm_features=mm or None,
+                      lora_request=lora, block_hasher=self.hasher)
+        if counted:
+            k = self.count[req_id] = self.count.get(req_id, -1) + 1
+            self.live[req_id] = (req, k)
+        if req.use_structured_output:
+            self.manager.grammar_init(req)
+            future = req.structured_output_request._grammar
+            if hasattr(future, "result"):  # compiled in a pool; waited for, as the rig does
+                future.result(timeout=60)
+        return req
+
+    def from_new(self, nr: Any) -> Any:
+        return self.make(nr.req_id, nr.prompt_token_ids, nr.sampling_params, nr.pooling_params,
+                         nr.lora_request, nr.mm_features)
+
+    def phantom(self, req_id: str) -> Any:
+        """A request aborted before any step scheduled it: the trace has nothing of it but its
+        id, and the scheduler only queues and frees it."""
+        from vllm import SamplingParams
+
+        params = SamplingParams(max_tokens=1, temperature=0.0)
+        return self.make(req_id, [FILLER], params, counted=False)
+
+    def key(self, req: Any) -> tuple[str, int] | None:
+        held = self.live.get(req.request_id)
+        return None if held is None or held[0] is not req else (req.request_id, held[1])
+
+
+def model_output(so: Any, chunks: dict[str, bool], step: int, scheduler: Any,
+                 requests: Requests, outputs: Outputs) -> Any:
+    """What the worker returns for the re-run's batch `so`: nothing for a prefill chunk, else
+    the recorded tokens at the request's output position."""
+    from vllm.v1.outputs import ModelRunnerOutput
+
+    req_ids, sampled = [], []
+    for rid in so.num_scheduled_tokens:
+        if rid not in chunks:
+            continue
+        req_ids.append(rid)
+        if chunks[rid]:
+            sampled.append([])
+            continue
+        req = scheduler.requests.get(rid)
+        toks = None
+        if req is not None and not req.is_finished():
+            key = requests.key(req)
+            toks = None if key is None else outputs.at(key, req.num_output_tokens)
+        else:  # finished or aborted while its batch was in flight: ignored by the scheduler
+            toks = outputs.by_step.get((step, rid))
+        sampled.append(list(toks) if toks else [FILLER])
+    return ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
+                             sampled_token_ids=sampled)
+
+
+def finishes_of(engine_outputs: dict) -> list[tuple[str, str]]:
+    return sorted((o.request_id, o.finish_reason.name) for eco in engine_outputs.values()
+                  for o in eco.outputs if o.finish_reason is not None)

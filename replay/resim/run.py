@@ -1,0 +1,237 @@
+"""The re-run: a fresh scheduler fed the recording's derived inputs in their recorded order,
+each SchedulerOutput compared with the recorded one in canonical form (canonical.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+from vllm_contract.errors import TraceError
+from vllm_contract.replay.resim import build as building
+from vllm_contract.replay.resim.inputs import DERIVED, Call, Inputs, derive
+from vllm_contract.replay.resim.words import Difference, finish_difference, first_difference
+
+# Prompts redacted: what the trace lacks is left out of both sides of the comparison.
+_REDACTED_NEW = ("prompt_token_ids", "prefill_token_ids")
+
+
+@dataclass(frozen=True)
+class StepResult:
+    step: int
+    identical: bool
+    difference: str | None  # "step 5: the recording scheduled p7 for 512 tokens; ..."
+    request: str | None = None
+    field: str | None = None
+
+
+@dataclass
+class Summary:
+    engine: str
+    scheduler_class: str
+    steps: int = 0
+    identical_steps: int = 0
+    first: StepResult | None = None  # the first divergent step
+    notes: list[str] = field(default_factory=list)
+    recorded_steps: int = 0
+    stopped: bool = False  # the re-run's scheduler raised: the steps after it were not run
+
+    @property
+    def identical(self) -> bool:
+        return self.first is None and self.steps > 0
+
+    def as_dict(self) -> dict:
+        f = self.first
+        return {"engine": self.engine, "scheduler_class": self.scheduler_class,
+                "steps": self.steps, "identical_steps": self.identical_steps,
+                "identical": self.identical, "recorded_steps": self.recorded_steps,
+                "stopped": self.stopped, "notes": list(self.notes),
+                "first_divergence": None if f is None else {
+                    "step": f.step, "request": f.request, "field": f.field,
+                    "text": f.difference}}
+
+
+def _in_words(step: int, d: Difference | None) -> StepResult:
+    if d is None:
+        return StepResult(step, True, None)
+    return StepResult(step, False, f"step {step:,}: {d.text}", d.request, d.field)
+
+
+def _mask(plain: dict) -> dict:
+    out = dict(plain)
+    out["scheduled_new_reqs"] = [{k: v for k, v in r.items() if k not in _REDACTED_NEW}
+                                 for r in plain["scheduled_new_reqs"]]
+    cached = dict(plain["scheduled_cached_reqs"])
+    cached.pop("all_token_ids", None)
+    out["scheduled_cached_reqs"] = cached
+    return out
+
+
+class Resim:
+    """Iterate for one StepResult per recorded step (in step order as their updates come);
+    `summary` afterwards (it runs what is left first). Built by resim(): everything that makes
+    the input unusable raises TraceError there, before the first step."""
+
+    def __init__(self, engine, inputs: Inputs, built: building.Built, rebuilt: Any,
+                 notes: list[str]) -> None:
+        from vllm_contract.replay.resim.feed import Requests
+
+        self.engine, self.inputs, self.built, self.rebuilt = engine, inputs, built, rebuilt
+        self.scheduler = built.scheduler
+        self.requests = Requests(built.block_hasher, self.scheduler.structured_output_manager)
+        self.redacted = bool(engine.manifest.get("redacted_prompts"))
+        # sync speculative decoding: the worker's drafts come back through the scheduler
+        self.drafts = bool(built.settings.get("speculative")) and inputs.in_flight <= 1
+        self.summary_ = Summary(engine.name, built.cls_name, notes=notes,
+                                recorded_steps=len(inputs.plains))
+        self._pending: dict[int, list] = {}
+        self._lens: dict[tuple[int, str], int] | None = None  # redacted: prompt lengths
+        self._ran = False
+
+    @property
+    def total_steps(self) -> int:
+        return len(self.inputs.plains)
+
+    @property
+    def notes(self) -> list[str]:
+        return self.summary_.notes
+
+    def __iter__(self) -> Iterator[StepResult]:
+        if self._ran:
+            raise RuntimeError("a Resim runs once: call resim() again for another run")
+        self._ran = True
+        call = None
+        try:
+            for call in self.inputs.calls:
+                if call.kind == "schedule":
+                    self._schedule(call.step)
+                elif call.kind == "update":
+                    if call.step in self._pending:
+                        yield self._count(self._update(call.step))
+                else:
+                    self._abort(call)
+        except Exception as e:  # the re-run's scheduler (a patched one, say) broke: a result
+            self._pending.pop(call.step, None)
+            yield self._count(StepResult(
+                call.step, False, f"step {call.step:,}: the re-run's scheduler raised "
+                f"{type(e).__name__} in {call.kind}: {' '.join(str(e).split())}", None,
+                "exception"))
+            self.summary_.stopped = True
+            return
+        for step in sorted(self._pending):  # batches never updated in the recording
+            so, chunks, diff = self._pending.pop(step)
+            yield self._count(_in_words(step, diff))
+
+    def _count(self, r: StepResult) -> StepResult:
+        s = self.summary_
+        s.steps += 1
+        s.identical_steps += r.identical
+        if not r.identical and (s.first is None or r.step < s.first.step):
+            s.first = r
+        return r
+
+    @property
+    def summary(self) -> Summary:
+        if not self._ran:
+            for _ in self:
+                pass
+        return self.summary_
+
+    def _schedule(self, step: int) -> None:
+        from vllm_contract.replay.worker.canonical import from_live
+
+        plain = self.inputs.plains[step]
+        if plain["scheduled_new_reqs"]:
+            for nr in self.rebuilt.build_step(step, plain).scheduled_new_reqs:
+                if nr.req_id in self.scheduler.requests:  # the re-run still holds it: diverged
+                    continue
+                if self.redacted:
+                    nr.prompt_token_ids = [3] * self._prompt_len(step, nr.req_id)
+                self.scheduler.add_request(self.requests.from_new(nr))
+        so = self.scheduler.schedule()
+        reqs = self.scheduler.requests
+        chunks = {rid: reqs[rid].is_prefill_chunk for rid in so.num_scheduled_tokens
+                  if rid in reqs}
+        run = from_live(so)
+        rec = plain
+        if self.redacted:
+            rec, run = _mask(rec), _mask(run)
+        self._pending[step] = [so, chunks, first_difference(rec, run)]
+
+    def _prompt_len(self, step: int, req_id: str) -> int:
+        if self._lens is None:
+            rows = self.engine.read("requests", ["step", "req_id", "prompt_len"]).to_pylist()
+            self._lens = {(r["step"], r["req_id"]): r["prompt_len"] or 1 for r in rows}
+        return self._lens.get((step, req_id), 1)
+
+    def _update(self, step: int) -> StepResult:
+        from vllm_contract.replay.resim.feed import finishes_of, model_output
+
+        so, chunks, diff = self._pending.pop(step)
+        if so.has_structured_output_requests:  # as the engine does before it executes
+            self.scheduler.get_grammar_bitmask(so)
+        mro = model_output(so, chunks, step, self.scheduler, self.requests, self.inputs.outputs)
+        outs = self.scheduler.update_from_output(so, mro)
+        diff = diff or finish_difference(self.inputs.finishes.get(step, []), finishes_of(outs))
+        if self.drafts:
+            self._give_drafts(step, mro.req_ids)
+        return _in_words(step, diff)
+
+    def _give_drafts(self, step: int, req_ids: list[str]) -> None:
+        from vllm.v1.outputs import DraftTokenIds
+
+        reqs = self.scheduler.requests
+        live = [r for r in req_ids if r in reqs and not reqs[r].is_finished()]
+        drafts = [self.inputs.next_drafts(r, step) for r in live]
+        self.scheduler.update_draft_token_ids(DraftTokenIds(live, drafts))
+
+    def _abort(self, call: Call) -> None:
+        from vllm.v1.request import RequestStatus
+
+        status = RequestStatus.__members__.get(call.status or "", RequestStatus.FINISHED_ABORTED)
+        if not RequestStatus.is_finished(status):
+            status = RequestStatus.FINISHED_ABORTED
+        if call.req_id not in self.scheduler.requests:
+            self.scheduler.add_request(self.requests.phantom(call.req_id))
+        # one id a call: with several, finish_requests frees them in set order, which is
+        # PYTHONHASHSEED's, and the block ids handed out next would follow it
+        self.scheduler.finish_requests(call.req_id, status)
+
+
+def _open(trace_path: str | Path, engine: str | None):
+    from vllm_contract.replay.worker.plan import pick_engine
+    from vllm_contract.trace import open_trace
+
+    return pick_engine(open_trace(trace_path), engine)
+
+
+def resim(trace_path: str | Path, engine: str | None = None, scheduler_cls: str | None = None,
+          overrides: dict | None = None) -> Resim:
+    """Re-run the installed vLLM Scheduler (or `scheduler_cls`, "module:Class") on a recorded
+    trace; `overrides`: manifest engine settings to change (build.SETTINGS). Raises TraceError
+    for unusable input."""
+    from vllm_contract.replay.worker.rebuild import rebuild
+
+    eng = _open(trace_path, engine)
+    inputs = derive(eng)
+    settings = building.settings_of(eng, overrides)
+    if eng.manifest.get("redacted_prompts") and settings.get("enable_prefix_caching"):
+        raise TraceError("the trace was recorded with redacted prompts and prefix caching on: "
+                         "cache hits depend on the prompt tokens, which the trace lacks")
+    cls, name = building.scheduler_class(scheduler_cls, eng, inputs.in_flight)
+    notes = [DERIVED]
+    recorded = (eng.manifest.get("engine") or {}).get("scheduler_class")
+    if recorded and recorded != name.replace(":", "."):
+        notes.append(f"recorded with {recorded}; re-run with {name}")
+    if overrides:
+        notes.append("settings overridden: " + ", ".join(f"{k}={v}" for k, v in overrides.items()))
+    notes.append("not recorded, so vLLM's defaults: the scheduling policy (fcfs), "
+                 "long_prefill_token_threshold, the prefix-cache hash, cache salts and the KV "
+                 "cache groups' layout (one full-attention group)")
+    rebuilt = rebuild(eng)
+    if rebuilt.drift:
+        notes.append(f"recorded by vLLM {eng.manifest.get('vllm_version')}, re-run on "
+                     f"{rebuilt.installed_version}, whose classes differ: "
+                     + "; ".join(rebuilt.drift))
+    built = building.build(settings, cls, name, inputs.structured)
+    return Resim(eng, inputs, built, rebuilt, notes)

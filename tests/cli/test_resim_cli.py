@@ -1,0 +1,119 @@
+"""`vllm-contract resim` on the command line: exit 0 identical, 1 diverged, 2 unusable input
+with one line on stderr and no traceback; the table and JSON outputs; the derived-inputs note."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import shutil
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from vllm_contract.cli import app
+from vllm_contract.rig import scenarios
+
+BUG_MODULE = '''
+from vllm.v1.core.sched.scheduler import Scheduler
+
+
+class DropFinishedOnce(Scheduler):
+    dropped = None
+
+    def schedule(self, *args, **kwargs):
+        so = super().schedule(*args, **kwargs)
+        if self.dropped is None and so.finished_req_ids:
+            self.dropped = sorted(so.finished_req_ids)[0]
+            so.finished_req_ids.discard(self.dropped)
+        return so
+'''
+
+
+@pytest.fixture(scope="module")
+def traces(tiny_model, tmp_path_factory):
+    """A clean recording, the same scenario recorded with a buggy subclass, and one recorded
+    with redacted prompts (prefix caching on, as the scenario has it)."""
+    import vllm.v1.core.sched.scheduler as sched_mod
+
+    root = tmp_path_factory.mktemp("resim-cli")
+    (root / "cli_bug_sched.py").write_text(BUG_MODULE)
+    sys.path.insert(0, str(root))
+    bug = importlib.import_module("cli_bug_sched").DropFinishedOnce
+    scenarios.run("id_reuse", tiny_model, root / "good")
+    stock, sched_mod.Scheduler = sched_mod.Scheduler, bug
+    try:
+        scenarios.run("id_reuse", tiny_model, root / "bug")
+    finally:
+        sched_mod.Scheduler = stock
+    scenarios.run("id_reuse", tiny_model, root / "redacted", redact_prompts=True)
+    yield root
+    sys.path.remove(str(root))
+
+
+def _invoke(*args):
+    return CliRunner().invoke(app, ["resim", *map(str, args)])
+
+
+def test_identical_exits_0_with_the_note_first(traces):
+    r = _invoke(traces / "good")
+    assert r.exit_code == 0, (r.stdout, r.stderr)
+    lines = r.stdout.splitlines()
+    assert lines[1].endswith("steps identical (100.0 %)") and len(lines) == 2
+    assert "note: inputs derived from the recorded outputs" in r.stderr
+    r = _invoke(traces / "good", "--format", "json")
+    out = json.loads(r.stdout)
+    assert r.exit_code == 0 and out["identical"] and out["first_divergence"] is None
+    assert out["steps"] == out["identical_steps"] > 0 and out["divergent_steps"] == []
+
+
+def test_a_divergence_exits_1_and_says_where(traces):
+    r = _invoke(traces / "bug")
+    assert r.exit_code == 1, (r.stdout, r.stderr)
+    first = next(line for line in r.stdout.splitlines() if line.startswith("first divergence"))
+    assert "the re-run's finished_req_ids has x; the recording's does not" in first
+    r = _invoke(traces / "bug", "--format", "json")
+    out = json.loads(r.stdout)
+    assert r.exit_code == 1 and out["first_divergence"]["field"] == "finished_req_ids"
+    assert out["first_divergence"]["step"] == out["divergent_steps"][0]
+    r = _invoke(traces / "bug", "--scheduler-cls", "cli_bug_sched:DropFinishedOnce")
+    assert r.exit_code == 0, (r.stdout, r.stderr)
+
+
+def _two_engines(src, dst):
+    """A trace root holding `src`'s engine twice, under two names."""
+    shutil.copytree(src, dst)
+    for table in dst.iterdir():
+        for part in list(table.iterdir()):
+            if part.name.startswith("engine="):
+                shutil.copytree(part, table / (part.name + "-copy"))
+    return dst
+
+
+def _priority(src, dst):
+    shutil.copytree(src, dst)
+    path = next((dst / "_engines").iterdir()) / "manifest.json"
+    m = json.loads(path.read_text())
+    m["engine"]["policy"] = "priority"
+    path.write_text(json.dumps(m))
+    return dst
+
+
+@pytest.mark.parametrize("case, text", [
+    ("class", "scheduler class no_such_mod:Sched is not importable"),
+    ("engines", "choose one with --engine"),
+    ("redacted", "redacted prompts and prefix caching on"),
+    ("priority", "recorded with the priority scheduling policy"),
+    ("setting", "unknown setting 'bogus'"),
+])
+def test_unusable_input_exits_2_with_one_line(traces, tmp_path, case, text):
+    args = {"class": [traces / "good", "--scheduler-cls", "no_such_mod:Sched"],
+            "engines": [_two_engines(traces / "good", tmp_path / "two")],
+            "redacted": [traces / "redacted"],
+            "priority": [_priority(traces / "good", tmp_path / "prio")],
+            "setting": [traces / "good", "--set", "bogus=1"]}[case]
+    r = _invoke(*args)
+    assert r.exit_code == 2, (r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr + r.stdout
+    assert r.stderr.strip().splitlines() == [r.stderr.strip()], r.stderr
+    assert text in r.stderr and r.stderr.startswith("vllm-contract: error: ")

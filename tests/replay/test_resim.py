@@ -1,0 +1,176 @@
+"""`resim` on the real vLLM Scheduler (CPU build, no mocks): every rig scenario recorded anew
+and re-run from its trace comes out decision-identical at every step; a scheduler bug recorded
+as a Scheduler subclass is named at its first step when re-run with the stock class, and
+vanishes when re-run with the subclass ("confirm a fix")."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from vllm_contract import replay
+from vllm_contract.errors import TraceError
+from vllm_contract.rig import scenarios
+
+# encoder_lookalike stamps encoder inputs onto the outputs after schedule(): not the
+# scheduler's decisions, so not the re-run's; long_run is a benchmark's size
+SYNC = sorted(set(scenarios.SCENARIOS) - {"encoder_lookalike", "long_run"})
+IN_FLIGHT = ["mixed", "spec_decode", "preemption"]
+
+BUG_MODULE = r'''
+from vllm.v1.core.sched.scheduler import Scheduler
+
+
+class DropFinishedOnce(Scheduler):
+    """Loses one id of finished_req_ids once: the worker never frees that request."""
+
+    dropped = None
+
+    def schedule(self, *args, **kwargs):
+        so = super().schedule(*args, **kwargs)
+        if self.dropped is None and so.finished_req_ids:
+            self.dropped = sorted(so.finished_req_ids)[0]
+            so.finished_req_ids.discard(self.dropped)
+        return so
+
+
+class RaisesOnThirdSchedule(Scheduler):
+    calls = 0
+
+    def schedule(self, *args, **kwargs):
+        self.calls += 1
+        if self.calls == 3:
+            raise RuntimeError("broken\nacross lines")
+        return super().schedule(*args, **kwargs)
+'''
+
+
+@pytest.fixture(scope="module")
+def recorded(tiny_model, tmp_path_factory):
+    cache: dict = {}
+
+    def get(name: str, batch_queue: int = 1):
+        if (name, batch_queue) not in cache:
+            path = tmp_path_factory.mktemp(f"{name}-{batch_queue}")
+            scenarios.run(name, tiny_model, path, batch_queue=batch_queue)
+            cache[(name, batch_queue)] = path
+        return cache[(name, batch_queue)]
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def bug_trace(tiny_model, tmp_path_factory):
+    """The aborts scenario recorded with DropFinishedOnce in place of vLLM's Scheduler (the
+    rig builds `Scheduler` by name from vLLM's module, so the name is swapped there)."""
+    import importlib
+
+    import vllm.v1.core.sched.scheduler as sched_mod
+
+    where = tmp_path_factory.mktemp("bugmod")
+    (where / "resim_bug_sched.py").write_text(BUG_MODULE)
+    sys.path.insert(0, str(where))
+    mod = importlib.import_module("resim_bug_sched")
+    stock = sched_mod.Scheduler
+    path = tmp_path_factory.mktemp("bug")
+    sched_mod.Scheduler = mod.DropFinishedOnce
+    try:
+        h = scenarios.run("aborts", tiny_model, path)
+    finally:
+        sched_mod.Scheduler = stock
+    assert h.scheduler.dropped is not None
+    yield path, h.scheduler.dropped
+    sys.path.remove(str(where))
+
+
+def _all(trace, **kw):
+    run = replay.resim(trace, **kw)
+    results = list(run)
+    return run.summary, results
+
+
+@pytest.mark.parametrize("name", SYNC)
+def test_every_scenario_re_runs_identically(recorded, name):
+    summary, results = _all(recorded(name))
+    assert summary.steps == len(results) > 0
+    assert summary.first is None, summary.first.difference
+    assert summary.identical_steps == summary.steps  # 100 %
+    assert [r.step for r in results] == list(range(len(results)))
+    assert summary.scheduler_class == "vllm.v1.core.sched.scheduler:Scheduler"
+    assert summary.notes[0].startswith("inputs derived from the recorded outputs")
+
+
+@pytest.mark.parametrize("name", IN_FLIGHT)
+def test_two_batches_in_flight_re_run_identically(recorded, name):
+    summary, results = _all(recorded(name, 2))
+    assert summary.first is None, summary.first.difference
+    assert summary.identical_steps == summary.steps == len(results) > 0
+    assert summary.scheduler_class.endswith(":AsyncScheduler")
+
+
+def test_a_bug_recorded_with_a_subclass_is_named_by_the_stock_scheduler(bug_trace):
+    path, dropped = bug_trace
+    summary, results = _all(path)
+    first = summary.first
+    assert first is not None and not summary.identical
+    assert first.field == "finished_req_ids" and first.request == dropped
+    assert first.difference == (f"step {first.step:,}: the re-run's finished_req_ids has "
+                                f"{dropped}; the recording's does not")
+    assert all(r.identical for r in results if r.step < first.step)
+    assert summary.identical_steps < summary.steps
+    assert any("recorded with resim_bug_sched.DropFinishedOnce" in n for n in summary.notes)
+
+
+def test_the_subclass_re_runs_its_own_recording_identically(bug_trace):
+    path, _ = bug_trace
+    summary, _ = _all(path, scheduler_cls="resim_bug_sched:DropFinishedOnce")
+    assert summary.first is None and summary.identical_steps == summary.steps > 0
+
+
+def test_a_smaller_token_budget_diverges_in_words(recorded):
+    summary, results = _all(recorded("mixed"), overrides={"max_num_batched_tokens": 64})
+    f = summary.first
+    assert f.step == 0 and f.field == "num_scheduled_tokens"
+    assert f.difference.startswith(f"step 0: the recording scheduled {f.request} for ")
+    assert "; the re-run scheduled it for " in f.difference
+    assert summary.steps == len(results)  # ran to the end, past the divergence
+
+
+def test_unusable_input_is_one_line(recorded, tmp_path):
+    trace = recorded("id_reuse")
+    with pytest.raises(TraceError, match="not importable"):
+        replay.resim(trace, scheduler_cls="no_such_module:Scheduler")
+    with pytest.raises(TraceError, match="not a subclass of vLLM's Scheduler"):
+        replay.resim(trace, scheduler_cls="collections:OrderedDict")
+    with pytest.raises(TraceError, match="unknown setting 'num_gpu_blockz'"):
+        replay.resim(trace, overrides={"num_gpu_blockz": 4})
+    with pytest.raises(TraceError, match="does not exist here"):
+        replay.resim(trace, overrides={"model": str(tmp_path / "gone")})
+
+
+def test_redacted_prompts_re_run_identically_without_prefix_caching(tiny_model, tmp_path):
+    """Without prefix caching no decision reads a prompt token: the re-run makes up tokens of
+    the recorded lengths and compares everything but the prompts."""
+    from dataclasses import replace
+
+    from vllm_contract.recorder import attach
+    from vllm_contract.rig.harness import Harness
+
+    s = scenarios.SCENARIOS["preemption"]
+    h = Harness(tiny_model, replace(s.config, enable_prefix_caching=False))
+    with attach(h.scheduler, tmp_path / "t", redact_prompts=True):
+        s.drive(h)
+    summary, results = _all(tmp_path / "t")
+    assert summary.first is None, summary.first.difference
+    assert summary.identical_steps == summary.steps == len(results) > 0
+
+
+def test_a_scheduler_that_raises_ends_the_run_with_a_result(recorded, bug_trace):
+    summary, results = _all(recorded("aborts"),
+                            scheduler_cls="resim_bug_sched:RaisesOnThirdSchedule")
+    last = results[-1]
+    assert last.step == 2 and last.field == "exception" and summary.stopped
+    assert last.difference == ("step 2: the re-run's scheduler raised RuntimeError in "
+                               "schedule: broken across lines")
+    assert summary.first == last and summary.recorded_steps > summary.steps
