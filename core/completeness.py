@@ -25,6 +25,9 @@ from vllm_contract import schema
 # (never evaluated), so that no import runs back into trace.py.
 
 _MARKERS = "the steps stream's commit markers"
+# Schema metadata of a Parquet segment whose pages carry checksums (recorder/compact.py): the
+# others have none to verify, and decoding every page of them would check nothing.
+PAGE_CHECKSUMS_KEY = b"vllm_contract.page_checksums"
 
 
 def rows_on_disk(path: Path) -> int:
@@ -112,8 +115,6 @@ def unverifiable(e: EngineTrace) -> list[str]:
     without page checksums (changed bytes pass), and `steps` segments without commit-marker
     counts (rows lost from the other tables pass). Traces recorded or compacted before
     vllm-contract wrote either (format 1: the committed samples) have neither."""
-    from vllm_contract.trace import PAGE_CHECKSUMS_KEY
-
     parquet = [p for t in schema.TABLE_NAMES for p in e.segments(t)
                if p.suffix == schema.PARQUET_SUFFIX]
     bare = 0

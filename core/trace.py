@@ -30,9 +30,8 @@ from vllm_contract.errors import TraceError
 # The key of a stream batch's custom metadata holding the CRC-32 of the batch as serialized
 # (RecordBatch.serialize(), without that metadata): written by recorder/segments.py.
 CHECKSUM_KEY = b"vllm_contract.crc32"
-# Schema metadata of a Parquet segment whose pages carry checksums (recorder/compact.py): the
-# others have none to verify, and decoding every page of them would check nothing.
-PAGE_CHECKSUMS_KEY = b"vllm_contract.page_checksums"
+# the Parquet page-checksum marker, defined beside the check of what it vouches for
+PAGE_CHECKSUMS_KEY = completeness.PAGE_CHECKSUMS_KEY
 # A flush is visible to readers only once all of it is on disk: the writer writes every other
 # table's batch first and the `steps` batch last, with the rows of each table in that flush as
 # JSON under ROWS_KEY; a `steps` stream whose schema carries COMMITS_KEY was written that way,

@@ -514,7 +514,10 @@ def views_markdown() -> str:
             "`engines.pruned_steps` the steps of segments deleted at the size cap "
             "(`pruned_segments`); `engines.stopped_after_step` and `stopped_error` the "
             "manifest's `stopped` (a recorder error ended the recording: its last readable "
-            "step, NULL if none, and why).",
+            "step, NULL if none, and why). `engines.async_scheduling` is true where the "
+            "manifest says so or the recording's scheduler was vLLM's `AsyncScheduler`; "
+            "`spec_method` and `num_speculative_tokens` are the manifest's `speculative` (NULL "
+            "without a drafter); `pipeline_parallel_size` its `parallel`.",
             "", "`lifeline` columns: `engine`, `req_id`, `intro_step`, `first_step`, `last_step`, "
             "`steps_scheduled`, `tokens_scheduled`, `resumes`, `finish_event_step`, "
             "`finish_reason`, `finished_step` (the step whose finished_req_ids freed it).",
