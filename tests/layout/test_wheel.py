@@ -15,9 +15,14 @@ from vllm_contract.trace import open_trace
 from vllm_contract.rig import scenarios
 
 REPO = Path(__file__).resolve().parents[2]
-SUBPACKAGES = ["vllm_contract", "vllm_contract.cli", "vllm_contract.recorder",
-               "vllm_contract.replay", "vllm_contract.replay.query", "vllm_contract.replay.worker",
-               "vllm_contract.tui", "vllm_contract.rig"]
+MAPPED = {"core": "vllm_contract", "cli": "vllm_contract.cli", "recorder": "vllm_contract.recorder",
+          "replay": "vllm_contract.replay", "tui": "vllm_contract.tui", "rig": "vllm_contract.rig"}
+# every package of the source tree, found rather than listed: pyproject.toml names each one, and
+# a subpackage it forgets is missing from the wheel only
+SUBPACKAGES = sorted(
+    ".".join([pkg, *d.relative_to(REPO / folder).parts])
+    for folder, pkg in MAPPED.items()
+    for d in [REPO / folder, *(i.parent for i in (REPO / folder).rglob("*/__init__.py"))])
 FOLDERS = ["core", "cli", "recorder", "replay", "query", "worker", "tui", "rig"]
 
 
