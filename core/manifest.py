@@ -111,6 +111,17 @@ _ENGINE = _obj({
     "max_num_batched_tokens": _count, "max_num_seqs": _count, "chunked_prefill": _opt(_bool),
     "async_scheduling": _opt(_bool), "speculative": _opt(_obj()), "parallel": _opt(_obj()),
     "scheduler_class": _opt(_str),
+    # recorded since issue 30: absent from older manifests, null where vLLM lacks them
+    "policy": _opt(_str), "long_prefill_token_threshold": _count,
+    "long_prefill_token_threshold_adaptive": _opt(_bool), "max_num_partial_prefills": _count,
+    "max_long_partial_prefills": _count, "max_num_scheduled_tokens": _count,
+    "max_num_active_seqs": _count, "watermark": _opt(_num),
+    "scheduler_reserve_full_isl": _opt(_bool), "disable_chunked_mm_input": _opt(_bool),
+    "prefix_caching_hash_algo": _opt(_str), "scheduler_block_size": _count,
+    "hash_block_size": _count, "prefix_cache_retention_interval": _count,
+    "kv_cache_groups": _opt(_list(_obj({"layers": _count, "spec": _opt(_str),
+                                        "block_size": _count, "sliding_window": _count,
+                                        "attention_chunk_size": _count}))),
 })
 
 KEYS: dict[str, Check] = {

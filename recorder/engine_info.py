@@ -4,35 +4,81 @@ from __future__ import annotations
 
 from typing import Any
 
+# Per KV cache group, the spec fields besides block_size that decide which blocks a request
+# holds (the window a sliding-window or chunked-local group frees behind); recorded when set.
+_GROUP_FIELDS = ("sliding_window", "attention_chunk_size")
+# scheduler_config fields that decide what schedule() schedules (vLLM 0.32). The partial-prefill
+# limits are older versions' (absent here: None).
+SCHEDULER_KEYS = ("policy", "long_prefill_token_threshold",
+                  "long_prefill_token_threshold_adaptive", "max_num_partial_prefills",
+                  "max_long_partial_prefills", "max_num_scheduled_tokens", "max_num_active_seqs",
+                  "watermark", "scheduler_reserve_full_isl", "disable_chunked_mm_input")
+
 
 def _get(obj: Any, *names: str, default: Any = None) -> Any:
+    # Any exception, not only AttributeError: a property of another vLLM version that raises
+    # must cost the engine a None in the manifest, never its start.
     for name in names:
         if obj is None:
             return default
-        obj = getattr(obj, name, None)
+        try:
+            obj = getattr(obj, name, None)
+        except Exception:
+            return default
     return default if obj is None else obj
 
 
+def _plain(v: Any) -> Any:
+    """A JSON scalar: an enum or a Literal subclass of another version becomes its str."""
+    return v if v is None or type(v) in (bool, int, float, str) else str(v)
+
+
+def _groups(kv: Any) -> list[dict] | None:
+    """The KV cache groups, small: what the scheduler's block managers depend on, not the
+    layers' names or head shapes (which only the worker reads)."""
+    try:
+        groups = []
+        for g in kv.kv_cache_groups:
+            spec = g.kv_cache_spec
+            row = {"layers": len(g.layer_names), "spec": type(spec).__name__,
+                   "block_size": _plain(_get(spec, "block_size"))}
+            for name in _GROUP_FIELDS:
+                if _get(spec, name) is not None:
+                    row[name] = _plain(_get(spec, name))
+            groups.append(row)
+        return groups
+    except Exception:  # another version's layout: the manifest says unknown, the engine runs
+        return None
+
+
 def engine_settings(scheduler: Any) -> dict:
-    cfg = getattr(scheduler, "vllm_config", None)
+    cfg = _get(scheduler, "vllm_config")
     model = _get(cfg, "model_config")
     sched = _get(cfg, "scheduler_config")
     cache = _get(cfg, "cache_config")
     par = _get(cfg, "parallel_config")
     spec = _get(cfg, "speculative_config")
-    kv = getattr(scheduler, "kv_cache_config", None)
+    kv = _get(scheduler, "kv_cache_config")
     return {
         "model": _get(model, "model"),
         "dtype": str(_get(model, "dtype")),
         "max_model_len": _get(model, "max_model_len"),
         "seed": _get(model, "seed"),
-        "block_size": _get(cache, "block_size") or getattr(scheduler, "block_size", None),
+        "block_size": _get(cache, "block_size") or _get(scheduler, "block_size"),
         "enable_prefix_caching": _get(cache, "enable_prefix_caching"),
         "num_kv_blocks": _get(kv, "num_blocks"),
         "max_num_batched_tokens": _get(sched, "max_num_batched_tokens"),
         "max_num_seqs": _get(sched, "max_num_seqs"),
         "chunked_prefill": _get(sched, "enable_chunked_prefill"),
         "async_scheduling": _get(sched, "async_scheduling"),
+        # what else Scheduler.__init__ and schedule() read from the config and decide with
+        **{k: _plain(_get(sched, k)) for k in SCHEDULER_KEYS},
+        "prefix_caching_hash_algo": _plain(_get(cache, "prefix_caching_hash_algo")),
+        # the scheduler's own block sizes: with several groups, not cache_config.block_size
+        "scheduler_block_size": _plain(_get(scheduler, "block_size")),
+        "hash_block_size": _plain(_get(scheduler, "hash_block_size")),
+        "prefix_cache_retention_interval": _plain(_get(kv, "prefix_cache_retention_interval")),
+        "kv_cache_groups": None if kv is None else _groups(kv),
         "speculative": None if spec is None else {
             "method": _get(spec, "method"),
             "num_speculative_tokens": _get(spec, "num_speculative_tokens"),
@@ -44,6 +90,7 @@ def engine_settings(scheduler: Any) -> dict:
         },
         "scheduler_class": f"{type(scheduler).__module__}.{type(scheduler).__qualname__}",
     }
+
 
 
 def dp_rank(scheduler: Any) -> int:
