@@ -1,0 +1,93 @@
+"""`resim` builds the scheduler with the settings the manifest records (issue 30 §1): a recording
+made with a non-default long_prefill_token_threshold re-runs identically, and diverges once the
+manifest forgets it (the setting decides); a recorded priority policy and a KV cache group type
+resim cannot build are refused in one line; recorded groups are built as recorded."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from vllm_contract import replay
+from vllm_contract.errors import TraceError
+from vllm_contract.rig import scenarios
+
+THRESHOLD = 16  # below the rig's 64-token budget: each of 3 long prompts prefills 16 at a time
+
+
+@pytest.fixture(scope="module")
+def threshold_trace(tiny_model, tmp_path_factory):
+    """chunked_prefill with long_prefill_token_threshold set on the rig's own scheduler config
+    (HarnessConfig has no such field): the scheduler reads it at every schedule()."""
+    from vllm_contract.recorder import attach
+    from vllm_contract.rig.harness import Harness
+
+    s = scenarios.SCENARIOS["chunked_prefill"]
+    h = Harness(tiny_model, s.config)
+    h.vllm_config.scheduler_config.long_prefill_token_threshold = THRESHOLD
+    path = tmp_path_factory.mktemp("threshold") / "t"
+    with attach(h.scheduler, path):
+        s.drive(h)
+    return path
+
+
+def _copy_editing(trace, dest, edit):
+    shutil.copytree(trace, dest)
+    (m,) = dest.glob("_engines/*/manifest.json")
+    manifest = json.loads(m.read_text())
+    edit(manifest["engine"])
+    m.write_text(json.dumps(manifest))
+    return dest
+
+
+def _run(trace, **kw):
+    run = replay.resim(trace, **kw)
+    results = list(run)
+    return run, run.summary, results
+
+
+def test_a_recorded_threshold_re_runs_identically(threshold_trace):
+    run, summary, results = _run(threshold_trace)
+    assert run.scheduler.scheduler_config.long_prefill_token_threshold == THRESHOLD
+    assert summary.first is None, summary.first.difference
+    assert summary.identical_steps == summary.steps == len(results) > 0
+    assert run.built.unrecorded == []
+
+
+def test_without_the_recorded_threshold_the_re_run_diverges(threshold_trace, tmp_path):
+    forgot = _copy_editing(threshold_trace, tmp_path / "old",
+                           lambda e: e.pop("long_prefill_token_threshold"))
+    run, summary, _ = _run(forgot)
+    assert run.scheduler.scheduler_config.long_prefill_token_threshold == 0  # vLLM's default
+    assert run.built.unrecorded == ["long_prefill_token_threshold"]
+    f = summary.first
+    assert f is not None and f.step == 0 and f.field == "num_scheduled_tokens"
+    assert f.difference == (f"step 0: the recording scheduled {f.request} for {THRESHOLD} "
+                            f"tokens; the re-run scheduled it for 64")
+
+
+def test_a_priority_recording_and_an_unbuildable_group_are_refused(threshold_trace, tmp_path):
+    prio = _copy_editing(threshold_trace, tmp_path / "prio", lambda e: e.update(policy="priority"))
+    with pytest.raises(TraceError, match="recorded with the priority scheduling policy"):
+        replay.resim(prio)
+    mamba = _copy_editing(threshold_trace, tmp_path / "mamba", lambda e: e["kv_cache_groups"]
+                          .append({"layers": 2, "spec": "MambaSpec", "block_size": 16}))
+    with pytest.raises(TraceError) as err:
+        replay.resim(mamba)
+    assert str(err.value) == ("KV cache group 1 of the trace is a MambaSpec: resim builds "
+                              "FullAttentionSpec, SlidingWindowSpec, ChunkedLocalAttentionSpec "
+                              "groups only")
+
+
+def test_recorded_kv_cache_groups_are_built_as_recorded(threshold_trace, tmp_path):
+    hybrid = _copy_editing(threshold_trace, tmp_path / "hybrid", lambda e: e["kv_cache_groups"]
+                           .append({"layers": 2, "spec": "SlidingWindowSpec", "block_size": 16,
+                                    "sliding_window": 32}))
+    run = replay.resim(hybrid)
+    coordinator = run.scheduler.kv_cache_manager.coordinator
+    assert [type(m).__name__ for m in coordinator.single_type_managers] == [
+        "FullAttentionManager", "SlidingWindowManager"]
+    assert [len(g.layer_names) for g in run.scheduler.kv_cache_config.kv_cache_groups] == [1, 2]
+    assert coordinator.single_type_managers[1].sliding_window == 32
