@@ -42,12 +42,36 @@ def _table(summary, divergent: list) -> str:
     if s.stopped:
         lines.append(f"the re-run stopped there: {s.steps:,} of the recording's "
                      f"{s.recorded_steps:,} steps run")
+    if s.until is not None:
+        lines.append(f"stopped after step {s.until:,} (--until): {s.steps:,} of the "
+                     f"recording's {s.recorded_steps:,} steps run")
+    if s.quit_at is not None:
+        lines.append(f"quit in the debugger at step {s.quit_at:,}: {s.steps:,} of the "
+                     f"recording's {s.recorded_steps:,} steps run")
     if s.first is not None:
         lines.append(f"first divergence: {s.first.difference}")
         later = [r for r in divergent if r.step != s.first.step]
         if later:
             lines.append(f"{len(later):,} more divergent step(s), the next: {later[0].difference}")
+    rec = s.recorded
+    if rec is not None:
+        lines.append(f"the re-run recorded in {rec.trace}: the catalog finds {rec.errors:,} "
+                     f"error(s), {rec.warnings:,} warning(s)"
+                     + (f" (first: {rec.findings[0]})" if rec.findings else ""))
     return "\n".join(lines) + "\n"
+
+
+def _hook(spec: Optional[str], bar: Progress):
+    """The break hook, with the progress line ended before it speaks (pdb's prompt, say)."""
+    from vllm_contract.replay.resim.debug import hook_of
+
+    hook = hook_of(spec)
+
+    def stop(brk) -> None:
+        bar.end()
+        hook(brk)
+
+    return stop
 
 
 @app.command()
@@ -62,6 +86,17 @@ def resim(
     set_: Annotated[Optional[list[str]], typer.Option(
         "--set", help="key=value: change a recorded engine setting (model, block_size, "
         "num_kv_blocks, max_num_batched_tokens, ...); divergence is then expected.")] = None,
+    break_at: Annotated[Optional[int], typer.Option(
+        "--break-at", metavar="STEP", help="Stop just before this step's schedule() in pdb "
+        "(PYTHONBREAKPOINT is honoured), with scheduler, pending and recorded in reach.")] = None,
+    break_hook: Annotated[Optional[str], typer.Option(
+        "--break-hook", metavar="MODULE:FUNCTION", help="Call this with the stop (a "
+        "replay.resim.debug.Break) instead of pdb; needs --break-at.")] = None,
+    until: Annotated[Optional[int], typer.Option(
+        "--until", metavar="STEP", help="Stop the re-run after this step.")] = None,
+    out: Annotated[Optional[Path], typer.Option(
+        "--out", metavar="NEW_TRACE", help="Record the re-run into a new trace there (check, "
+        "sql, replay and tui open it) and run the catalog on it.")] = None,
     format: Annotated[ResimFormat, typer.Option("--format", "-f")] = ResimFormat.table,
 ) -> None:
     """Re-run the scheduler on a trace's recorded inputs, with no model and no worker, and
@@ -70,13 +105,16 @@ def resim(
     quiet_vllm()
     from vllm_contract.replay.resim import resim as run_resim
 
+    bar = Progress()
     try:
-        run = run_resim(trace, engine, scheduler_cls, _settings(set_ or []) or None)
+        hook = _hook(break_hook, bar) if break_at is not None else break_hook
+        run = run_resim(trace, engine, scheduler_cls, _settings(set_ or []) or None,
+                        break_at=break_at, break_hook=hook, until=until, out=out)
     except TraceError as e:
         fail(e)
     for note in run.notes:
         err(f"vllm-contract: note: {note}")
-    bar, total, divergent = Progress(), run.total_steps, []
+    total, divergent = run.total_steps, []
     try:
         for i, r in enumerate(run, 1):
             if not r.identical:

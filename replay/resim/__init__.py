@@ -10,9 +10,10 @@ from __future__ import annotations
 import sys
 import types
 
+from vllm_contract.replay.resim.debug import Break, Pending
 from vllm_contract.replay.resim.run import Resim, StepResult, Summary, resim
 
-__all__ = ["Resim", "StepResult", "Summary", "resim"]
+__all__ = ["Break", "Pending", "Resim", "StepResult", "Summary", "resim"]
 
 
 class _CallablePackage(types.ModuleType):

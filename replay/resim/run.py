@@ -3,12 +3,14 @@ each SchedulerOutput compared with the recorded one in canonical form (canonical
 
 from __future__ import annotations
 
+import bdb
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
 from vllm_contract.errors import TraceError
 from vllm_contract.replay.resim import build as building
+from vllm_contract.replay.resim import debug, record
 from vllm_contract.replay.resim.inputs import DERIVED, Call, Inputs, derive
 from vllm_contract.replay.resim.words import Difference, finish_difference, first_difference
 
@@ -35,6 +37,9 @@ class Summary:
     notes: list[str] = field(default_factory=list)
     recorded_steps: int = 0
     stopped: bool = False  # the re-run's scheduler raised: the steps after it were not run
+    until: int | None = None  # the run was stopped after this step (--until)
+    quit_at: int | None = None  # the debugger was quit at this step: it and later ones not run
+    recorded: record.Recorded | None = None  # --out: the new trace and its catalog findings
 
     @property
     def identical(self) -> bool:
@@ -45,7 +50,9 @@ class Summary:
         return {"engine": self.engine, "scheduler_class": self.scheduler_class,
                 "steps": self.steps, "identical_steps": self.identical_steps,
                 "identical": self.identical, "recorded_steps": self.recorded_steps,
-                "stopped": self.stopped, "notes": list(self.notes),
+                "stopped": self.stopped, "until": self.until, "quit_at": self.quit_at,
+                "out": None if self.recorded is None else self.recorded.as_dict(),
+                "notes": list(self.notes),
                 "first_divergence": None if f is None else {
                     "step": f.step, "request": f.request, "field": f.field,
                     "text": f.difference}}
@@ -73,7 +80,9 @@ class Resim:
     the input unusable raises TraceError there, before the first step."""
 
     def __init__(self, engine, inputs: Inputs, built: building.Built, rebuilt: Any,
-                 notes: list[str]) -> None:
+                 notes: list[str], break_at: int | None = None, hook: Any = None,
+                 until: int | None = None, out: Path | None = None,
+                 source: dict | None = None) -> None:
         from vllm_contract.replay.resim.feed import Requests
 
         self.engine, self.inputs, self.built, self.rebuilt = engine, inputs, built, rebuilt
@@ -87,6 +96,9 @@ class Resim:
         self._pending: dict[int, list] = {}
         self._lens: dict[tuple[int, str], int] | None = None  # redacted: prompt lengths
         self._ran = False
+        self.break_at, self.hook, self.until = break_at, hook or debug.pdb_hook, until
+        self.out, self.source = out, source or {}
+        self._in_hook = False
 
     @property
     def total_steps(self) -> int:
@@ -100,6 +112,17 @@ class Resim:
         if self._ran:
             raise RuntimeError("a Resim runs once: call resim() again for another run")
         self._ran = True
+        if self.out is None:
+            yield from self._run()
+            return
+        recorder = record.start(self.scheduler, self.out, self.source)
+        try:
+            yield from self._run()
+        finally:  # sealed even when the caller stops iterating: a trace cut short is a trace
+            recorder.close()
+        self.summary_.recorded = record.check(record.Recorded(str(self.out)))
+
+    def _run(self) -> Iterator[StepResult]:
         call = None
         try:
             for call in self.inputs.calls:
@@ -108,9 +131,17 @@ class Resim:
                 elif call.kind == "update":
                     if call.step in self._pending:
                         yield self._count(self._update(call.step))
+                    if self._until_reached(call.step):
+                        break
                 else:
                     self._abort(call)
+        except bdb.BdbQuit:  # `q` in the debugger, at the break or in a breakpoint set from it
+            self.summary_.quit_at = call.step
+            self._pending.clear()
+            return
         except Exception as e:  # the re-run's scheduler (a patched one, say) broke: a result
+            if self._in_hook:  # the hook's own error (a test's assert, say): the caller's
+                raise
             self._pending.pop(call.step, None)
             yield self._count(StepResult(
                 call.step, False, f"step {call.step:,}: the re-run's scheduler raised "
@@ -120,7 +151,15 @@ class Resim:
             return
         for step in sorted(self._pending):  # batches never updated in the recording
             so, chunks, diff = self._pending.pop(step)
-            yield self._count(_in_words(step, diff))
+            if self.until is None or step <= self.until:
+                yield self._count(_in_words(step, diff))
+        self.summary_.until = self.until
+
+    def _until_reached(self, step: int) -> bool:
+        """Every step up to --until has its result; steps scheduled past it (batches in
+        flight) are left unanswered."""
+        return (self.until is not None and step >= self.until
+                and all(s > self.until for s in self._pending))
 
     def _count(self, r: StepResult) -> StepResult:
         s = self.summary_
@@ -141,13 +180,18 @@ class Resim:
         from vllm_contract.replay.worker.canonical import from_live
 
         plain = self.inputs.plains[step]
+        new = []
         if plain["scheduled_new_reqs"]:
             for nr in self.rebuilt.build_step(step, plain).scheduled_new_reqs:
                 if nr.req_id in self.scheduler.requests:  # the re-run still holds it: diverged
                     continue
                 if self.redacted:
                     nr.prompt_token_ids = [3] * self._prompt_len(step, nr.req_id)
-                self.scheduler.add_request(self.requests.from_new(nr))
+                new.append(self.requests.from_new(nr))
+        if step == self.break_at:
+            new = self._break(step, new)
+        for req in new:
+            self.scheduler.add_request(req)
         so = self.scheduler.schedule()
         reqs = self.scheduler.requests
         chunks = {rid: reqs[rid].is_prefill_chunk for rid in so.num_scheduled_tokens
@@ -157,6 +201,18 @@ class Resim:
         if self.redacted:
             rec, run = _mask(rec), _mask(run)
         self._pending[step] = [so, chunks, first_difference(rec, run)]
+
+    def _break(self, step: int, new: list) -> list:
+        """The hook, given what the step is about to feed; the requests to add after it."""
+        pending = [debug.Pending("add_request", r) for r in new] + [debug.Pending("schedule")]
+        stop = debug.Break(step, self.scheduler, pending, self.inputs.plains[step],
+                           list(self.inputs.finishes.get(step, [])), self)
+        self._in_hook = True
+        try:
+            self.hook(stop)
+        finally:
+            self._in_hook = False
+        return [p.request for p in stop.pending if p.call == "add_request"]
 
     def _prompt_len(self, step: int, req_id: str) -> int:
         if self._lens is None:
@@ -206,14 +262,27 @@ def _open(trace_path: str | Path, engine: str | None):
 
 
 def resim(trace_path: str | Path, engine: str | None = None, scheduler_cls: str | None = None,
-          overrides: dict | None = None) -> Resim:
+          overrides: dict | None = None, *, break_at: int | None = None,
+          break_hook: Any = None, until: int | None = None,
+          out: str | Path | None = None) -> Resim:
     """Re-run the installed vLLM Scheduler (or `scheduler_cls`, "module:Class") on a recorded
-    trace; `overrides`: manifest engine settings to change (build.SETTINGS). Raises TraceError
-    for unusable input."""
+    trace; `overrides`: manifest engine settings to change (build.SETTINGS). `break_at`: call
+    `break_hook` (a callable or "module:function"; default pdb) with a debug.Break just before
+    that step's schedule(); `until`: stop after that step; `out`: record the re-run into a new
+    trace there and run the catalog on it. Raises TraceError for unusable input."""
     from vllm_contract.replay.worker.rebuild import rebuild
 
     eng = _open(trace_path, engine)
     inputs = derive(eng)
+    debug.check_step("--break-at", break_at, inputs.plains)
+    debug.check_step("--until", until, inputs.plains)
+    if break_at is not None and until is not None and break_at > until:
+        raise TraceError(f"--break-at {break_at} is after --until {until}: the run stops first")
+    if break_hook is not None and break_at is None:
+        raise TraceError("--break-hook needs --break-at STEP: it is called at that step")
+    hook = debug.hook_of(break_hook) if break_at is not None else None
+    if out is not None:
+        record.refuse_used(Path(out))
     settings = building.settings_of(eng, overrides)
     if eng.manifest.get("redacted_prompts") and settings.get("enable_prefix_caching"):
         raise TraceError("the trace was recorded with redacted prompts and prefix caching on: "
@@ -234,4 +303,8 @@ def resim(trace_path: str | Path, engine: str | None = None, scheduler_cls: str 
                      f"{rebuilt.installed_version}, whose classes differ: "
                      + "; ".join(rebuilt.drift))
     built = building.build(settings, cls, name, inputs.structured)
-    return Resim(eng, inputs, built, rebuilt, notes)
+    source = {"trace": str(trace_path), "engine": eng.name, "scheduler_class": name,
+              "overrides": {k: v if v is None or isinstance(v, (bool, int, float, str))
+                            else str(v) for k, v in (overrides or {}).items()}}
+    return Resim(eng, inputs, built, rebuilt, notes, break_at, hook, until,
+                 None if out is None else Path(out), source)

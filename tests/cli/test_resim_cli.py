@@ -117,3 +117,61 @@ def test_unusable_input_exits_2_with_one_line(traces, tmp_path, case, text):
     assert "Traceback" not in r.stderr + r.stdout
     assert r.stderr.strip().splitlines() == [r.stderr.strip()], r.stderr
     assert text in r.stderr and r.stderr.startswith("vllm-contract: error: ")
+
+
+STOPS: list = []
+
+
+def stop_hook(stop) -> None:
+    """--break-hook's target below: what it was handed."""
+    STOPS.append((stop.step, [p.call for p in stop.pending],
+                  sorted(stop.recorded["num_scheduled_tokens"])))
+
+
+def test_break_hook_until_and_out_on_the_command_line(traces, tmp_path):
+    STOPS.clear()
+    r = _invoke(traces / "good", "--break-at", 1, "--break-hook", f"{__name__}:stop_hook",
+                "--until", 3, "--out", tmp_path / "new")
+    assert r.exit_code == 0, (r.stdout, r.stderr)
+    assert len(STOPS) == 1 and STOPS[0][0] == 1 and STOPS[0][1][-1] == "schedule"
+    assert STOPS[0][2]  # the recording's output for step 1 schedules someone
+    lines = r.stdout.splitlines()
+    assert lines[1] == "4 of 4 steps identical (100.0 %)"
+    assert lines[2].startswith("stopped after step 3 (--until): 4 of the recording's ")
+    assert lines[3] == (f"the re-run recorded in {tmp_path / 'new'}: the catalog finds 0 "
+                        "error(s), 0 warning(s)")
+    # a normal trace: check and sql open it
+    assert CliRunner().invoke(app, ["check", str(tmp_path / "new")]).exit_code == 0
+    q = CliRunner().invoke(app, ["sql", str(tmp_path / "new"), "select count(*) as n from "
+                                 "steps", "--format", "json"])
+    assert q.exit_code == 0 and json.loads(q.stdout) == [{"n": 4}], q.stdout
+
+
+def test_out_in_json_counts_the_recorded_bug_the_stock_class_no_longer_makes(traces,
+                                                                            tmp_path):
+    r = _invoke(traces / "bug", "--out", tmp_path / "fixed", "--format", "json")
+    out = json.loads(r.stdout)
+    assert r.exit_code == 1 and out["first_divergence"]["field"] == "finished_req_ids"
+    assert out["out"]["errors"] == 0 and out["out"]["warnings"] == 0
+    assert out["out"]["trace"] == str(tmp_path / "fixed") and out["until"] is None
+    r = CliRunner().invoke(app, ["check", str(traces / "bug")])
+    assert r.exit_code == 1 and "finished.leaked" in r.stdout
+
+
+@pytest.mark.parametrize("case, text", [
+    ("break_at", "--break-at 99999: the recording has steps 0 to "),
+    ("until", "--until 99999: the recording has steps 0 to "),
+    ("hook", "break hook no_such_mod:f is not importable: ModuleNotFoundError"),
+    ("hook_alone", "--break-hook needs --break-at STEP"),
+    ("out", "already exists and is not an empty directory"),
+])
+def test_a_bad_stop_or_out_exits_2_with_one_line(traces, case, text):
+    args = {"break_at": ["--break-at", 99999], "until": ["--until", 99999],
+            "hook": ["--break-at", 0, "--break-hook", "no_such_mod:f"],
+            "hook_alone": ["--break-hook", f"{__name__}:stop_hook"],
+            "out": ["--out", traces / "good"]}[case]
+    r = _invoke(traces / "good", *args)
+    assert r.exit_code == 2, (r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr + r.stdout
+    assert r.stderr.strip().splitlines() == [r.stderr.strip()], r.stderr
+    assert text in r.stderr and r.stderr.startswith("vllm-contract: error: ")
