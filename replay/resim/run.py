@@ -294,15 +294,15 @@ def resim(trace_path: str | Path, engine: str | None = None, scheduler_cls: str 
         notes.append(f"recorded with {recorded}; re-run with {name}")
     if overrides:
         notes.append("settings overridden: " + ", ".join(f"{k}={v}" for k, v in overrides.items()))
-    notes.append("not recorded, so vLLM's defaults: the scheduling policy (fcfs), "
-                 "long_prefill_token_threshold, the prefix-cache hash, cache salts and the KV "
-                 "cache groups' layout (one full-attention group)")
     rebuilt = rebuild(eng)
     if rebuilt.drift:
         notes.append(f"recorded by vLLM {eng.manifest.get('vllm_version')}, re-run on "
                      f"{rebuilt.installed_version}, whose classes differ: "
                      + "; ".join(rebuilt.drift))
     built = building.build(settings, cls, name, inputs.structured)
+    # a manifest older than these settings: the re-run takes vLLM's defaults for them
+    notes.append("not recorded, so vLLM's defaults: "
+                 + ", ".join(built.unrecorded + ["cache salts"]))
     source = {"trace": str(trace_path), "engine": eng.name, "scheduler_class": name,
               "overrides": {k: v if v is None or isinstance(v, (bool, int, float, str))
                             else str(v) for k, v in (overrides or {}).items()}}

@@ -54,6 +54,7 @@ def test_a_recorded_threshold_re_runs_identically(threshold_trace):
     assert summary.first is None, summary.first.difference
     assert summary.identical_steps == summary.steps == len(results) > 0
     assert run.built.unrecorded == []
+    assert "not recorded, so vLLM's defaults: cache salts" in summary.notes
 
 
 def test_without_the_recorded_threshold_the_re_run_diverges(threshold_trace, tmp_path):
@@ -62,6 +63,8 @@ def test_without_the_recorded_threshold_the_re_run_diverges(threshold_trace, tmp
     run, summary, _ = _run(forgot)
     assert run.scheduler.scheduler_config.long_prefill_token_threshold == 0  # vLLM's default
     assert run.built.unrecorded == ["long_prefill_token_threshold"]
+    assert ("not recorded, so vLLM's defaults: long_prefill_token_threshold, cache salts"
+            in summary.notes)
     f = summary.first
     assert f is not None and f.step == 0 and f.field == "num_scheduled_tokens"
     assert f.difference == (f"step 0: the recording scheduled {f.request} for {THRESHOLD} "
