@@ -341,16 +341,21 @@ def read_segment(path: Path, warnings: list[str], columns: list[str] | None = No
         data = path.read_bytes()
     except OSError as e:
         raise TraceError(f"{path}: cannot read segment ({e.strerror or e})") from None
+    # An empty or schema-torn stream: rows committed to it are lost, not unwritten
+    # (completeness.py reports them); with commit markers counting none for it there is nothing
+    # to say (the stream writer writes its schema with its first batch, so a table without rows
+    # stays empty until close, and a killed writer never closes); a live writer's stream before
+    # its first flush is the same. Only without markers can the reader not tell.
+    unknown = not live and keep_rows is None
     if not data:
-        # rows committed to it are lost, not unwritten: completeness.py reports them
-        if not live and not keep_rows:  # a live writer's stream before its first flush
+        if unknown:
             warnings.append(f"{path}: empty segment (the writer died before its first write)")
         return None
     try:
         reader = ipc.open_stream(pa.py_buffer(data))
     except _BAD_INPUT as e:
         if _torn_in_schema(data):
-            if not live and not keep_rows:
+            if unknown:
                 warnings.append(f"{path}: torn before its schema was written (no data lost)")
             return None
         raise TraceError(f"{path}: not an Arrow stream segment ({e})") from None

@@ -131,6 +131,23 @@ def test_a_clean_traces_stream_truncated(tmp_path, keep):
     assert "no data lost" not in warned and "died before its first write" not in warned
 
 
+@pytest.mark.parametrize("cut", [0, 6])
+def test_a_killed_writers_empty_tables_say_nothing(tmp_path, cut):
+    """A stream writer writes its schema with its first batch, so a table that never got a row
+    stays empty until close, and a killed recorder (a `vllm serve` stopped hard) never closes.
+    The commit markers count no row for it: nothing was lost, and no warning says otherwise;
+    the same file beside a steps stream without markers is still reported."""
+    root = rk.as_streams("mixed", tmp_path / "t")
+    killed(root)
+    seg = rk.table_dir(root, "mm_inputs") / "000000.arrows"
+    assert open_trace(root).engines[0].committed_rows(seg) == 0
+    seg.write_bytes(seg.read_bytes()[:cut])
+    r = rk.invoke("check", root)
+    assert r.exit_code == 0 and "vllm-contract: warning" not in r.stderr, r.stderr
+    assert "trace.lost_rows" not in errors(root)
+    assert "vllm-contract: warning" not in rk.invoke("info", root).stderr
+
+
 def test_a_renamed_partition_in_format_2(tmp_path):
     root = as_format2("mixed", tmp_path / "t")
     (root / "updates" / rk.engine_dir(root).name).rename(root / "updates" / "engine=other")
