@@ -61,6 +61,29 @@ def _table(summary, divergent: list) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _whatif_table(summary) -> str:
+    """A what-if run: the comparison with the recording, side by side."""
+    from vllm_contract.replay.resim.whatif import table
+
+    s = summary
+    lines = [f"engine {s.engine}, what-if run with {s.scheduler_class}",
+             f"{s.steps:,} step(s) run (the recording has {s.recorded_steps:,}); "
+             f"{s.identical_steps:,} identical to the recording's step of the same index"]
+    if s.first is not None:
+        lines.append(f"first divergence: {s.first.difference}")
+    if s.stopped:
+        lines.append("the re-run's scheduler raised: the measures are up to there")
+    if s.quit_at is not None:
+        lines.append(f"quit in the debugger at step {s.quit_at:,}")
+    if s.whatif is not None:
+        lines += table(s.whatif)
+    rec = s.recorded
+    if rec is not None:
+        lines.append(f"the re-run recorded in {rec.trace}"
+                     + (f" (first finding: {rec.findings[0]})" if rec.findings else ""))
+    return "\n".join(lines) + "\n"
+
+
 def _hook(spec: Optional[str], bar: Progress):
     """The break hook, with the progress line ended before it speaks (pdb's prompt, say)."""
     from vllm_contract.replay.resim.debug import hook_of
@@ -101,15 +124,20 @@ def resim(
 ) -> None:
     """Re-run the scheduler on a trace's recorded inputs, with no model and no worker, and
     compare each SchedulerOutput with the recorded one. Exit 0: every step identical;
-    1: a step diverged; 2: unusable input."""
+    1: a step diverged; 2: unusable input. With --set or --scheduler-cls, a what-if run:
+    divergence is expected, the re-run goes on until every request has finished and is
+    compared with the recording side by side; exit 0: the re-run has no error or warning
+    finding (--out), 1: it has, or its scheduler raised."""
     quiet_vllm()
     from vllm_contract.replay.resim import resim as run_resim
 
     bar = Progress()
     try:
         hook = _hook(break_hook, bar) if break_at is not None else break_hook
+        whatif = bool(set_) or scheduler_cls is not None
         run = run_resim(trace, engine, scheduler_cls, _settings(set_ or []) or None,
-                        break_at=break_at, break_hook=hook, until=until, out=out)
+                        break_at=break_at, break_hook=hook, until=until, out=out,
+                        whatif=whatif)
     except TraceError as e:
         fail(e)
     for note in run.notes:
@@ -119,8 +147,9 @@ def resim(
         for i, r in enumerate(run, 1):
             if not r.identical:
                 divergent.append(r)
-            bar.show(f"re-running [{'#' * (30 * i // total)}{'.' * (30 - 30 * i // total)}] "
-                     f"{i}/{total}")
+            done = min(i, total)  # a what-if run may take more steps than the recording
+            bar.show(f"re-running [{'#' * (30 * done // total)}{'.' * (30 - 30 * done // total)}]"
+                     f" {i}/{total}")
     except TraceError as e:
         bar.end()
         fail(e)
@@ -130,7 +159,13 @@ def resim(
         out = s.as_dict()
         out["divergent_steps"] = [r.step for r in divergent]
         typer.echo(json.dumps(out, indent=2))
+    elif whatif:
+        typer.echo(_whatif_table(s), nl=False)
     else:
         typer.echo(_table(s, divergent), nl=False)
-    if not s.identical:
+    if whatif:
+        found = s.recorded is not None and bool(s.recorded.errors or s.recorded.warnings)
+        if found or s.stopped:
+            raise typer.Exit(ExitCode.FOUND)
+    elif not s.identical:
         raise typer.Exit(ExitCode.FOUND)

@@ -40,6 +40,7 @@ class Summary:
     until: int | None = None  # the run was stopped after this step (--until)
     quit_at: int | None = None  # the debugger was quit at this step: it and later ones not run
     recorded: record.Recorded | None = None  # --out: the new trace and its catalog findings
+    whatif: Any = None  # a what-if run: its whatif.Comparison with the recording
 
     @property
     def identical(self) -> bool:
@@ -53,6 +54,7 @@ class Summary:
                 "stopped": self.stopped, "until": self.until, "quit_at": self.quit_at,
                 "out": None if self.recorded is None else self.recorded.as_dict(),
                 "notes": list(self.notes),
+                "whatif": None if self.whatif is None else self.whatif.as_dict(),
                 "first_divergence": None if f is None else {
                     "step": f.step, "request": f.request, "field": f.field,
                     "text": f.difference}}
@@ -82,7 +84,7 @@ class Resim:
     def __init__(self, engine, inputs: Inputs, built: building.Built, rebuilt: Any,
                  notes: list[str], break_at: int | None = None, hook: Any = None,
                  until: int | None = None, out: Path | None = None,
-                 source: dict | None = None) -> None:
+                 source: dict | None = None, whatif: bool = False) -> None:
         from vllm_contract.replay.resim.feed import Requests
 
         self.engine, self.inputs, self.built, self.rebuilt = engine, inputs, built, rebuilt
@@ -99,6 +101,7 @@ class Resim:
         self.break_at, self.hook, self.until = break_at, hook or debug.pdb_hook, until
         self.out, self.source = out, source or {}
         self._in_hook = False
+        self.whatif = whatif
 
     @property
     def total_steps(self) -> int:
@@ -112,15 +115,63 @@ class Resim:
         if self._ran:
             raise RuntimeError("a Resim runs once: call resim() again for another run")
         self._ran = True
+        run = self._run_whatif if self.whatif else self._run
         if self.out is None:
-            yield from self._run()
+            yield from run()
             return
         recorder = record.start(self.scheduler, self.out, self.source)
         try:
-            yield from self._run()
+            yield from run()
         finally:  # sealed even when the caller stops iterating: a trace cut short is a trace
             recorder.close()
         self.summary_.recorded = record.check(record.Recorded(str(self.out)))
+        if self.whatif and self.summary_.whatif is not None:
+            original = record.check(record.Recorded(self.source.get("trace", "")))
+            self.summary_.whatif.recording.update(_findings(original))
+            self.summary_.whatif.rerun.update(_findings(self.summary_.recorded))
+
+    def _run_whatif(self) -> Iterator[StepResult]:
+        """The what-if run (whatif.py): its own steps until every request has finished, each
+        compared with the recording's step of the same index while the recording has one."""
+        from vllm_contract.replay.resim import whatif
+
+        driver = whatif.Driver(self)
+        step = None
+        try:
+            for step, plain in driver.steps():
+                rec = self.inputs.plains.get(step)
+                if rec is None:
+                    yield self._count(StepResult(step, False, f"step {step:,}: the recording "
+                                                 "had drained; the re-run goes on", None,
+                                                 "steps"))
+                    continue
+                if self.redacted:
+                    rec, plain = _mask(rec), _mask(plain)
+                yield self._count(_in_words(step, first_difference(rec, plain)))
+        except bdb.BdbQuit:
+            self.summary_.quit_at = step
+        except Exception as e:  # the re-run's scheduler broke: the measures up to there
+            if self._in_hook:
+                raise
+            yield self._count(StepResult(
+                -1 if step is None else step + 1, False, f"the re-run's scheduler raised "
+                f"{type(e).__name__}: {' '.join(str(e).split())}", None, "exception"))
+            self.summary_.stopped = True
+        self.summary_.until = self.until
+        self.summary_.whatif = whatif.Comparison(
+            whatif.recorded_side(self.inputs), whatif.measure(driver.facts, driver.added),
+            driver.notes)
+
+    def _break_whatif(self, step: int) -> None:
+        """The break hook in a what-if run: the requests are added already."""
+        stop = debug.Break(step, self.scheduler, [debug.Pending("schedule")],
+                           self.inputs.plains.get(step) or {},
+                           list(self.inputs.finishes.get(step, [])), self)
+        self._in_hook = True
+        try:
+            self.hook(stop)
+        finally:
+            self._in_hook = False
 
     def _run(self) -> Iterator[StepResult]:
         call = None
@@ -254,6 +305,10 @@ class Resim:
         self.scheduler.finish_requests(call.req_id, status)
 
 
+def _findings(rec: record.Recorded) -> dict:
+    return {"errors": rec.errors, "warnings": rec.warnings, "findings": rec.findings}
+
+
 def _open(trace_path: str | Path, engine: str | None):
     from vllm_contract.replay.worker.plan import pick_engine
     from vllm_contract.trace import open_trace
@@ -264,12 +319,14 @@ def _open(trace_path: str | Path, engine: str | None):
 def resim(trace_path: str | Path, engine: str | None = None, scheduler_cls: str | None = None,
           overrides: dict | None = None, *, break_at: int | None = None,
           break_hook: Any = None, until: int | None = None,
-          out: str | Path | None = None) -> Resim:
+          out: str | Path | None = None, whatif: bool = False) -> Resim:
     """Re-run the installed vLLM Scheduler (or `scheduler_cls`, "module:Class") on a recorded
     trace; `overrides`: manifest engine settings to change (build.SETTINGS). `break_at`: call
     `break_hook` (a callable or "module:function"; default pdb) with a debug.Break just before
     that step's schedule(); `until`: stop after that step; `out`: record the re-run into a new
-    trace there and run the catalog on it. Raises TraceError for unusable input."""
+    trace there and run the catalog on it. `whatif`: divergence expected (docs/resim.md,
+    "What-if runs"): the re-run goes on until every request has finished and the summary's
+    `whatif` compares it with the recording. Raises TraceError for unusable input."""
     from vllm_contract.replay.worker.rebuild import rebuild
 
     eng = _open(trace_path, engine)
@@ -306,5 +363,9 @@ def resim(trace_path: str | Path, engine: str | None = None, scheduler_cls: str 
     source = {"trace": str(trace_path), "engine": eng.name, "scheduler_class": name,
               "overrides": {k: v if v is None or isinstance(v, (bool, int, float, str))
                             else str(v) for k, v in (overrides or {}).items()}}
+    if whatif:
+        notes.append("what-if run: arrivals at the recording's step index, aborts before the "
+                     "step the recording fed them before, one batch in flight, no drafts; a "
+                     "request is finished when it has used all its recorded outputs")
     return Resim(eng, inputs, built, rebuilt, notes, break_at, hook, until,
-                 None if out is None else Path(out), source)
+                 None if out is None else Path(out), source, whatif)

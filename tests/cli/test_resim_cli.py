@@ -175,3 +175,40 @@ def test_a_bad_stop_or_out_exits_2_with_one_line(traces, case, text):
     assert "Traceback" not in r.stderr + r.stdout
     assert r.stderr.strip().splitlines() == [r.stderr.strip()], r.stderr
     assert text in r.stderr and r.stderr.startswith("vllm-contract: error: ")
+
+
+def test_an_override_is_a_what_if_run_compared_side_by_side(traces):
+    """One running request at a time: more steps to drain; no --out, no findings: exit 0."""
+    r = _invoke(traces / "good", "--set", "max_num_seqs=1")
+    assert r.exit_code == 0, (r.stdout, r.stderr)
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("engine ") and "what-if run with" in lines[0]
+    header = next(i for i, line in enumerate(lines) if line.split() == ["recording", "re-run"])
+    rows = {line[:30].strip(): line[30:].split() for line in lines[header + 1:header + 9]}
+    recorded, rerun = map(int, rows["steps to drain"])
+    assert rerun > recorded
+    assert rows["catalog errors / warnings"] == ["-", "-"]  # the catalog runs with --out
+    assert "what-if run: arrivals at the recording's step index" in r.stderr
+    j = json.loads(_invoke(traces / "good", "--set", "max_num_seqs=1", "--format",
+                           "json").stdout)
+    assert j["whatif"]["recording"]["steps_to_drain"] == recorded
+    assert j["whatif"]["rerun"]["steps_to_drain"] == rerun
+    assert j["whatif"]["rerun"]["requests"] == j["whatif"]["recording"]["requests"] == 3
+
+
+def test_a_what_if_run_exits_1_when_the_re_run_has_findings(traces, tmp_path):
+    """The buggy class re-run on its own recording finds its bug again: exit 1; the stock
+    class with an override leaves none: exit 0. Both sides' findings are in the JSON."""
+    r = _invoke(traces / "bug", "--scheduler-cls", "cli_bug_sched:DropFinishedOnce",
+                "--out", tmp_path / "again", "--format", "json")
+    assert r.exit_code == 1, (r.stdout, r.stderr)
+    w = json.loads(r.stdout)["whatif"]
+    assert w["rerun"]["errors"] > 0 and w["recording"]["errors"] > 0
+    assert any(f.startswith("finished.leaked") for f in w["rerun"]["findings"])
+    r = _invoke(traces / "bug", "--set", "max_num_batched_tokens=128", "--out",
+                tmp_path / "fixed")
+    assert r.exit_code == 0, (r.stdout, r.stderr)
+    row = next(line for line in r.stdout.splitlines()
+               if line.startswith("catalog errors / warnings"))
+    recorded, rerun = row[30:44].strip(), row[44:].strip()  # two columns, 14 wide
+    assert rerun == "0 / 0" and recorded != "0 / 0"
