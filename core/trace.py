@@ -306,6 +306,25 @@ def _compacted_commits(steps_path: Path, root: Path) -> dict[str, int] | None:
         return None
 
 
+def _open_stream(path: Path, data: bytes, warnings: list[str], unknown: bool):
+    """A stream's reader, or None for one empty or torn in its schema. Rows committed to it are
+    lost (completeness.py says so); markers counting none for it mean a table without rows whose
+    writer never closed it (the schema goes out with the first batch). Only without markers
+    (`unknown`) is there something to warn of."""
+    if not data:
+        if unknown:
+            warnings.append(f"{path}: empty segment (the writer died before its first write)")
+        return None
+    try:
+        return ipc.open_stream(pa.py_buffer(data))
+    except _BAD_INPUT as e:
+        if _torn_in_schema(data):
+            if unknown:
+                warnings.append(f"{path}: torn before its schema was written (no data lost)")
+            return None
+        raise TraceError(f"{path}: not an Arrow stream segment ({e})") from None
+
+
 def read_segment(path: Path, warnings: list[str], columns: list[str] | None = None, *,
                  problems: list[str] | None = None, root: Path | None = None,
                  keep_rows: int | None = None, live: bool = False) -> pa.Table | None:
@@ -341,24 +360,9 @@ def read_segment(path: Path, warnings: list[str], columns: list[str] | None = No
         data = path.read_bytes()
     except OSError as e:
         raise TraceError(f"{path}: cannot read segment ({e.strerror or e})") from None
-    # An empty or schema-torn stream: rows committed to it are lost, not unwritten
-    # (completeness.py reports them); with commit markers counting none for it there is nothing
-    # to say (the stream writer writes its schema with its first batch, so a table without rows
-    # stays empty until close, and a killed writer never closes); a live writer's stream before
-    # its first flush is the same. Only without markers can the reader not tell.
-    unknown = not live and keep_rows is None
-    if not data:
-        if unknown:
-            warnings.append(f"{path}: empty segment (the writer died before its first write)")
+    reader = _open_stream(path, data, warnings, unknown=not live and keep_rows is None)
+    if reader is None:
         return None
-    try:
-        reader = ipc.open_stream(pa.py_buffer(data))
-    except _BAD_INPUT as e:
-        if _torn_in_schema(data):
-            if unknown:
-                warnings.append(f"{path}: torn before its schema was written (no data lost)")
-            return None
-        raise TraceError(f"{path}: not an Arrow stream segment ({e})") from None
     batches = []
     bad = 0
     torn: Exception | None = None
