@@ -3,6 +3,7 @@ NewRequestData, and ModelRunnerOutputs built from the re-run's own batch (vLLM l
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 from vllm_contract.replay.resim.inputs import Outputs
@@ -18,7 +19,9 @@ class Requests:
         self.hasher = block_hasher
         self.manager = structured_manager
         self.count: dict[str, int] = {}
-        self.live: dict[str, tuple[Any, int]] = {}  # req_id -> (Request, incarnation)
+        # req_id -> (Request, incarnation); weakly, so that a request the scheduler has let go
+        # of is not kept alive for the rest of the run
+        self.live: dict[str, tuple[Any, int]] = {}
         self._arrival = 0.0
 
     def make(self, req_id: str, prompt: list[int], sampling: Any, pooling: Any = None,
@@ -32,7 +35,7 @@ class Requests:
                       lora_request=lora, block_hasher=self.hasher)
         if counted:
             k = self.count[req_id] = self.count.get(req_id, -1) + 1
-            self.live[req_id] = (req, k)
+            self.live[req_id] = (weakref.ref(req), k)
         if req.use_structured_output:
             self.manager.grammar_init(req)
             future = req.structured_output_request._grammar
@@ -54,7 +57,7 @@ class Requests:
 
     def key(self, req: Any) -> tuple[str, int] | None:
         held = self.live.get(req.request_id)
-        return None if held is None or held[0] is not req else (req.request_id, held[1])
+        return None if held is None or held[0]() is not req else (req.request_id, held[1])
 
 
 def model_output(so: Any, chunks: dict[str, bool], step: int, scheduler: Any,

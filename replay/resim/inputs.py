@@ -6,6 +6,10 @@ finish_requests() from the recorder's clock (one monotonic clock, each call stam
 returned, so sorting by it is the order the calls were made in); each request's arrival as just
 before the schedule() that first names it; aborts from `finish_events`; drafts from the spec
 tokens a later step schedules; model outputs by each request's output position.
+
+The recording stays in Arrow columns and is turned into Python objects a window of steps at a
+time as the re-run reaches it, so that a re-run's memory does not grow with the trace's length
+in Python objects (several KB a step) but only in its columns.
 """
 
 from __future__ import annotations
@@ -14,6 +18,11 @@ import bisect
 import json
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from vllm_contract.errors import TraceError
 from vllm_contract.manifest import mid_stream_note
@@ -27,6 +36,12 @@ DERIVED = ("inputs derived from the recorded outputs (the trace has no input log
            "a request is next scheduled with; model outputs from model_outputs by each "
            "request's output position")
 
+# the tables canonical.from_trace reads
+_CANONICAL = ("steps", "scheduled", "requests", "finished", "preempted", "freed_mm",
+              "extra_fields")
+WINDOW = 256  # steps turned into canonical form at a time
+_BATCH = 65_536  # rows turned into Python objects at a time
+
 
 @dataclass(frozen=True)
 class Call:
@@ -36,14 +51,108 @@ class Call:
     status: str | None = None  # abort: the RequestStatus name recorded
 
 
+def _by_step(table: pa.Table) -> tuple[pa.Table, np.ndarray]:
+    """The rows with a step, stably sorted by it (each step's rows keep their stored order),
+    and the step column as an array to bisect."""
+    table = table.filter(pc.is_valid(table["step"]))
+    table = table.take(pc.sort_indices(table, [("step", "ascending")]))
+    return table, table["step"].to_numpy()
+
+
+def _window(table: pa.Table, steps: np.ndarray, lo: int, hi: int) -> pa.Table:
+    a, b = np.searchsorted(steps, [lo, hi])
+    return table.slice(int(a), int(b - a))
+
+
+def _rows(table: pa.Table) -> Iterator[dict]:
+    for batch in table.to_batches(max_chunksize=_BATCH):
+        yield from batch.to_pylist()
+
+
+class _Window:
+    """An engine trace seen through steps lo..hi-1, for canonical.from_trace."""
+
+    def __init__(self, tables: dict, lo: int, hi: int) -> None:
+        self.tables, self.lo, self.hi = tables, lo, hi
+
+    def read(self, table: str, columns: list[str] | None = None) -> pa.Table:
+        t = _window(*self.tables[table], self.lo, self.hi)
+        return t if columns is None else t.select(columns)
+
+
+class Plains:
+    """The recording's canonical SchedulerOutput of each step, a mapping from step: built a
+    window of steps at a time when a step of it is asked for, the window before dropped."""
+
+    def __init__(self, engine, first: int, count: int) -> None:
+        self.first, self.count = first, count
+        self._tables = {t: _by_step(engine.read(t)) for t in _CANONICAL}
+        self._lo: int | None = None
+        self._window: dict[int, dict] = {}
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __contains__(self, step: object) -> bool:
+        return isinstance(step, int) and self.first <= step < self.first + self.count
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(self.first, self.first + self.count))
+
+    def __getitem__(self, step: int) -> dict:
+        if step not in self:
+            raise KeyError(step)
+        lo = self.first + (step - self.first) // WINDOW * WINDOW
+        if lo != self._lo:
+            self._window = {}  # the steps before are compared: let them go first
+            self._window = dict(canonical.from_trace(_Window(self._tables, lo, lo + WINDOW)))
+            self._lo = lo
+        return self._window[step]
+
+    def get(self, step: int, default: dict | None = None) -> dict | None:
+        return self[step] if step in self else default
+
+    def items(self) -> Iterator[tuple[int, dict]]:
+        for step in self:
+            yield step, self[step]
+
+
+class ByStep:
+    """The tokens each (step, req_id) model output row gave, looked up in the rows (sorted by
+    step, then position) rather than kept as Python objects: read only for requests the
+    scheduler no longer holds, and by a what-if run's recorded side."""
+
+    def __init__(self, table: pa.Table) -> None:
+        self.table, self.steps = table, table["step"].to_numpy()
+
+    def get(self, key: tuple[int, str], default: list[int] | None = None) -> list[int] | None:
+        step, rid = key
+        rows = _window(self.table, self.steps, step, step + 1)
+        found = default
+        for r, toks in zip(rows["req_id"].to_pylist(), rows["sampled_token_ids"].to_pylist()):
+            if r == rid:  # the last row wins, as a dict built from them would have it
+                found = list(toks or [])
+        return found
+
+    def items(self) -> Iterator[tuple[tuple[int, str], list[int]]]:
+        step, seen = None, {}
+        for r in _rows(self.table.select(["step", "req_id", "sampled_token_ids"])):
+            if r["step"] != step:
+                yield from seen.items()
+                step, seen = r["step"], {}
+            seen[(step, r["req_id"])] = list(r["sampled_token_ids"] or [])
+        yield from seen.items()
+
+
 @dataclass
 class Outputs:
     """The model's side of the recording: per request incarnation (req_id, n-th introduction),
-    the token list recorded at each output position and the whole stream; per (step, req_id),
-    the tokens that step gave it (for requests the scheduler no longer holds)."""
+    the whole token stream, and the token list recorded at the output positions where one row
+    gave several (a row of one token is the stream's token there); per (step, req_id), the
+    tokens that step gave it (for requests the scheduler no longer holds)."""
     rows: dict[tuple[str, int], dict[int, list[int]]] = field(default_factory=dict)
     streams: dict[tuple[str, int], list[int]] = field(default_factory=dict)
-    by_step: dict[tuple[int, str], list[int]] = field(default_factory=dict)
+    by_step: ByStep | dict = field(default_factory=dict)
 
     def at(self, key: tuple[str, int], position: int) -> list[int] | None:
         row = self.rows.get(key, {}).get(position)
@@ -53,15 +162,44 @@ class Outputs:
         return tail or None
 
 
+class Calls:
+    """The calls in their recorded order, made one at a time from sorted columns."""
+
+    def __init__(self, kinds: np.ndarray, steps: np.ndarray, aborts: list[tuple]) -> None:
+        self.kinds, self.steps, self.aborts = kinds, steps, aborts
+
+    def __len__(self) -> int:
+        return len(self.kinds)
+
+    def __iter__(self) -> Iterator[Call]:
+        for kind, step in zip(self.kinds.tolist(), self.steps.tolist()):
+            if kind == 0:
+                yield Call("schedule", step)
+            elif kind == 1:
+                yield Call("update", step)
+            else:
+                yield Call("abort", step, *self.aborts[kind - 2])
+
+
 @dataclass
 class Inputs:
-    calls: list[Call]
-    plains: dict[int, dict]  # step -> canonical SchedulerOutput of the recording
+    calls: Calls
+    plains: Plains  # step -> canonical SchedulerOutput of the recording
     outputs: Outputs
     finishes: dict[int, list[tuple[str, str]]]  # step -> its update's finishes, sorted
-    spec: dict[str, tuple[list[int], list[list[int]]]]  # req_id -> (steps, spec tokens there)
+    scheduled: pa.Table  # step, req_id, num_scheduled_tokens, spec_token_ids: for drafts
     in_flight: int
     structured: bool  # a request uses structured output: the tokenizer is needed
+    intro: dict[str, list[int]] = field(default_factory=dict)  # req_id -> steps it is new at
+    _spec: dict[str, tuple[list[int], list[list[int]]]] | None = None
+
+    @property
+    def spec(self) -> dict[str, tuple[list[int], list[list[int]]]]:
+        """req_id -> (the steps that schedule it, its spec tokens there); built when first
+        asked for (a run that gives drafts back)."""
+        if self._spec is None:
+            self._spec = _spec(self.scheduled)
+        return self._spec
 
     def next_drafts(self, req_id: str, step: int) -> list[int]:
         """The spec tokens the recording next schedules req_id with after `step`."""
@@ -86,34 +224,74 @@ def refuse_unusable(engine) -> None:
                          "cannot feed them")
 
 
-def _calls(engine, steps: list[int]) -> list[Call]:
-    timed = []
-    for r in engine.read("steps", ["step", "t_ns"]).to_pylist():
-        timed.append((r["t_ns"], 0, len(timed), Call("schedule", r["step"])))
-    known = set(steps)
-    for r in engine.read("updates", ["step", "t_ns"]).to_pylist():
-        if r["step"] in known:
-            timed.append((r["t_ns"], 1, len(timed), Call("update", r["step"])))
-    for r in engine.read("finish_events").to_pylist():
-        if r["source"] != "update_from_output":
-            timed.append((r["t_ns"] or 0, 2, len(timed),
-                          Call("abort", r["step"], r["req_id"], r["reason"])))
-    return [c for *_, c in sorted(timed, key=lambda t: t[:3])]
+def _calls(engine, known: pa.Array) -> Calls:
+    sched = engine.read("steps", ["step", "t_ns"])
+    upd = engine.read("updates", ["step", "t_ns"])
+    upd = upd.filter(pc.fill_null(pc.is_in(upd["step"], value_set=known), False))
+    fin = engine.read("finish_events")
+    fin = fin.filter(pc.fill_null(pc.not_equal(fin["source"], "update_from_output"), True))
+    n = (sched.num_rows, upd.num_rows, fin.num_rows)
+    t = np.concatenate([pc.fill_null(x["t_ns"], 0).to_numpy().astype(np.int64)
+                        for x in (sched, upd, fin)])
+    kinds = np.concatenate([np.zeros(n[0], np.int64), np.ones(n[1], np.int64),
+                            np.arange(2, 2 + n[2], dtype=np.int64)])
+    prio = np.minimum(kinds, 2)
+    steps = np.concatenate([pc.fill_null(x["step"], -1).to_numpy().astype(np.int64)
+                            for x in (sched, upd, fin)])
+    order = np.lexsort((np.arange(len(t)), prio, t))  # the recorded order, ties as stored
+    aborts = list(zip(fin["req_id"].to_pylist(), fin["reason"].to_pylist()))
+    return Calls(kinds[order], steps[order], aborts)
 
 
 def _outputs(engine, intro: dict[str, list[int]]) -> Outputs:
     out = Outputs()
     rows = engine.read("model_outputs", ["step", "req_id", "pos", "sampled_token_ids"])
-    for r in sorted(rows.to_pylist(), key=lambda r: (r["step"], r["pos"])):
-        rid, step, toks = r["req_id"], r["step"], list(r["sampled_token_ids"] or [])
-        out.by_step[(step, rid)] = toks
+    rows = rows.filter(pc.is_valid(rows["step"]))
+    rows = rows.take(pc.sort_indices(rows, [("step", "ascending"), ("pos", "ascending")]))
+    out.by_step = ByStep(rows.select(["step", "req_id", "sampled_token_ids"]))
+    for r in _rows(rows):
+        rid, step, toks = r["req_id"], r["step"], r["sampled_token_ids"]
         k = bisect.bisect_right(intro.get(rid, []), step) - 1
         if k < 0 or not toks:
             continue
         stream = out.streams.setdefault((rid, k), [])
-        out.rows.setdefault((rid, k), {})[len(stream)] = toks
+        if len(toks) != 1:
+            out.rows.setdefault((rid, k), {})[len(stream)] = toks
         stream.extend(toks)
     return out
+
+
+def _scheduled(plains: Plains) -> pa.Table:
+    """The scheduled rows of the recorded steps, in step order: the canonical form's own
+    columns, not read a second time."""
+    table, steps = plains._tables["scheduled"]
+    table = _window(table, steps, plains.first, plains.first + plains.count)
+    return table.select(["step", "req_id", "kind", "pos", "num_scheduled_tokens",
+                         "spec_token_ids"])
+
+
+def _intro(scheduled: pa.Table) -> dict[str, list[int]]:
+    new = scheduled.filter(pc.fill_null(pc.equal(scheduled["kind"], "new"), False))
+    new = new.take(pc.sort_indices(new, [("step", "ascending"), ("pos", "ascending")]))
+    intro: dict[str, list[int]] = defaultdict(list)
+    for rid, s in zip(new["req_id"].to_pylist(), new["step"].to_pylist()):
+        intro[rid].append(s)
+    return intro
+
+
+def _spec(scheduled: pa.Table) -> dict[str, tuple[list[int], list[list[int]]]]:
+    spec: dict[str, tuple[list[int], list[list[int]]]] = {}
+    t = scheduled.filter(pc.is_valid(scheduled["num_scheduled_tokens"]))
+    t = t.select(["step", "req_id", "spec_token_ids"])
+    for r in _rows(t):
+        at, toks = spec.setdefault(r["req_id"], ([], []))
+        drafts = list(r["spec_token_ids"] or [])
+        if at and at[-1] == r["step"]:  # a second row in one step: the last one's
+            toks[-1] = drafts if r["spec_token_ids"] is not None else toks[-1]
+            continue
+        at.append(r["step"])
+        toks.append(drafts)
+    return spec
 
 
 def _structured(engine) -> bool:
@@ -126,28 +304,21 @@ def _structured(engine) -> bool:
 
 def derive(engine) -> Inputs:
     refuse_unusable(engine)
-    plains = dict(canonical.from_trace(engine))
-    steps = sorted(plains)
+    known = pc.unique(engine.read("steps", ["step"])["step"]).drop_null()
+    steps = sorted(known.to_pylist())
     if not steps:
         raise TraceError(f"engine {engine.name} has no recorded steps to re-run")
     if steps != list(range(steps[0], steps[0] + len(steps))):
         gaps = sorted(set(range(steps[0], steps[-1] + 1)) - set(steps))
         raise TraceError(f"steps {step_ranges(gaps)} are absent from the trace: a re-run "
                          "cannot skip them")
-    intro: dict[str, list[int]] = defaultdict(list)
-    spec: dict[str, tuple[list[int], list[list[int]]]] = {}
-    for s in steps:
-        for r in plains[s]["scheduled_new_reqs"]:
-            intro[r["req_id"]].append(s)
-        drafts = plains[s]["scheduled_spec_decode_tokens"] or {}
-        for rid in plains[s]["num_scheduled_tokens"]:
-            at, toks = spec.setdefault(rid, ([], []))
-            at.append(s)
-            toks.append(list(drafts.get(rid) or []))
+    plains = Plains(engine, steps[0], len(steps))
+    scheduled = _scheduled(plains)
+    intro = _intro(scheduled)
     finishes: dict[int, list[tuple[str, str]]] = defaultdict(list)
-    for r in engine.read("finish_events").to_pylist():
+    for r in engine.read("finish_events", ["step", "req_id", "reason", "source"]).to_pylist():
         if r["source"] == "update_from_output":
             finishes[r["step"]].append((r["req_id"], r["reason"]))
-    return Inputs(_calls(engine, steps), plains, _outputs(engine, intro),
-                  {s: sorted(v) for s, v in finishes.items()}, spec,
-                  most_in_flight(engine), _structured(engine))
+    return Inputs(_calls(engine, known), plains,
+                  _outputs(engine, intro), {s: sorted(v) for s, v in finishes.items()},
+                  scheduled, most_in_flight(engine), _structured(engine), intro)

@@ -191,8 +191,9 @@ class Driver:
     def __init__(self, rs) -> None:
         self.rs, self.sched, self.inputs = rs, rs.scheduler, rs.inputs
         self.aborts = abort_steps(rs.inputs)
-        self.arrivals: dict[int, list] = {s: p for s, p in rs.inputs.plains.items()
-                                          if p["scheduled_new_reqs"]}
+        # the steps that introduce a request: their canonical form is made when reached
+        self.arrivals: dict[int, None] = dict.fromkeys(
+            sorted({s for steps in rs.inputs.intro.values() for s in steps}))
         self.queue: list[tuple[int, Any]] = []  # (step, Request) not added yet
         self.facts: list[Facts] = []
         self.added: list[tuple[int, str]] = []
@@ -203,8 +204,9 @@ class Driver:
         return [s for s in list(self.arrivals) + list(self.aborts) if s > step]
 
     def _arrive(self, step: int) -> None:
-        plain = self.arrivals.pop(step, None)
-        if plain is not None:
+        if step in self.arrivals:
+            del self.arrivals[step]
+            plain = self.inputs.plains[step]
             for nr in self.rs.rebuilt.build_step(step, plain).scheduled_new_reqs:
                 if self.rs.redacted:
                     nr.prompt_token_ids = [FILLER] * self.rs._prompt_len(step, nr.req_id)
@@ -333,10 +335,7 @@ class Driver:
 
 def _abort_statuses(inputs) -> dict[tuple[str, int], str]:
     """(req_id, incarnation) -> the status the recording aborted it with."""
-    intro: dict[str, list[int]] = defaultdict(list)
-    for s in sorted(inputs.plains):
-        for r in inputs.plains[s]["scheduled_new_reqs"]:
-            intro[r["req_id"]].append(s)
+    intro = inputs.intro
     out = {}
     for c in inputs.calls:
         if c.kind == "abort" and c.status:
