@@ -3,10 +3,8 @@ with one line on stderr and no traceback; the table and JSON outputs; the derive
 
 from __future__ import annotations
 
-import importlib
 import json
 import shutil
-import sys
 
 import pytest
 from typer.testing import CliRunner
@@ -14,41 +12,18 @@ from typer.testing import CliRunner
 from vllm_contract.cli import app
 from vllm_contract.rig import scenarios
 
-BUG_MODULE = '''
-from vllm.v1.core.sched.scheduler import Scheduler
-
-
-class DropFinishedOnce(Scheduler):
-    dropped = None
-
-    def schedule(self, *args, **kwargs):
-        so = super().schedule(*args, **kwargs)
-        if self.dropped is None and so.finished_req_ids:
-            self.dropped = sorted(so.finished_req_ids)[0]
-            so.finished_req_ids.discard(self.dropped)
-        return so
-'''
-
+import resimkit
 
 @pytest.fixture(scope="module")
 def traces(tiny_model, tmp_path_factory):
     """A clean recording, the same scenario recorded with a buggy subclass, and one recorded
     with redacted prompts (prefix caching on, as the scenario has it)."""
-    import vllm.v1.core.sched.scheduler as sched_mod
-
     root = tmp_path_factory.mktemp("resim-cli")
-    (root / "cli_bug_sched.py").write_text(BUG_MODULE)
-    sys.path.insert(0, str(root))
-    bug = importlib.import_module("cli_bug_sched").DropFinishedOnce
     scenarios.run("id_reuse", tiny_model, root / "good")
-    stock, sched_mod.Scheduler = sched_mod.Scheduler, bug
-    try:
-        scenarios.run("id_reuse", tiny_model, root / "bug")
-    finally:
-        sched_mod.Scheduler = stock
     scenarios.run("id_reuse", tiny_model, root / "redacted", redact_prompts=True)
-    yield root
-    sys.path.remove(str(root))
+    with resimkit.bug_scheduler(root, "cli_bug_sched") as bug:
+        resimkit.record_with(bug, "id_reuse", tiny_model, root / "bug")
+        yield root
 
 
 def _invoke(*args):

@@ -5,7 +5,6 @@ vanishes when re-run with the subclass ("confirm a fix")."""
 
 from __future__ import annotations
 
-import sys
 
 import pytest
 
@@ -13,38 +12,12 @@ from vllm_contract import replay
 from vllm_contract.errors import TraceError
 from vllm_contract.rig import scenarios
 
+import resimkit
+
 # encoder_lookalike stamps encoder inputs onto the outputs after schedule(): not the
 # scheduler's decisions, so not the re-run's; long_run is a benchmark's size
 SYNC = sorted(set(scenarios.SCENARIOS) - {"encoder_lookalike", "long_run"})
 IN_FLIGHT = ["mixed", "spec_decode", "preemption"]
-
-BUG_MODULE = r'''
-from vllm.v1.core.sched.scheduler import Scheduler
-
-
-class DropFinishedOnce(Scheduler):
-    """Loses one id of finished_req_ids once: the worker never frees that request."""
-
-    dropped = None
-
-    def schedule(self, *args, **kwargs):
-        so = super().schedule(*args, **kwargs)
-        if self.dropped is None and so.finished_req_ids:
-            self.dropped = sorted(so.finished_req_ids)[0]
-            so.finished_req_ids.discard(self.dropped)
-        return so
-
-
-class RaisesOnThirdSchedule(Scheduler):
-    calls = 0
-
-    def schedule(self, *args, **kwargs):
-        self.calls += 1
-        if self.calls == 3:
-            raise RuntimeError("broken\nacross lines")
-        return super().schedule(*args, **kwargs)
-'''
-
 
 @pytest.fixture(scope="module")
 def recorded(tiny_model, tmp_path_factory):
@@ -62,26 +35,12 @@ def recorded(tiny_model, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def bug_trace(tiny_model, tmp_path_factory):
-    """The aborts scenario recorded with DropFinishedOnce in place of vLLM's Scheduler (the
-    rig builds `Scheduler` by name from vLLM's module, so the name is swapped there)."""
-    import importlib
-
-    import vllm.v1.core.sched.scheduler as sched_mod
-
-    where = tmp_path_factory.mktemp("bugmod")
-    (where / "resim_bug_sched.py").write_text(BUG_MODULE)
-    sys.path.insert(0, str(where))
-    mod = importlib.import_module("resim_bug_sched")
-    stock = sched_mod.Scheduler
+    """The aborts scenario recorded with DropFinishedOnce in place of vLLM's Scheduler."""
     path = tmp_path_factory.mktemp("bug")
-    sched_mod.Scheduler = mod.DropFinishedOnce
-    try:
-        h = scenarios.run("aborts", tiny_model, path)
-    finally:
-        sched_mod.Scheduler = stock
-    assert h.scheduler.dropped is not None
-    yield path, h.scheduler.dropped
-    sys.path.remove(str(where))
+    with resimkit.bug_scheduler(tmp_path_factory.mktemp("bugmod"), "resim_bug_sched") as bug:
+        h = resimkit.record_with(bug, "aborts", tiny_model, path)
+        assert h.scheduler.dropped is not None
+        yield path, h.scheduler.dropped
 
 
 def _all(trace, **kw):

@@ -7,7 +7,6 @@ scenario and without the error a buggy Scheduler subclass recorded."""
 
 from __future__ import annotations
 
-import importlib
 import sys
 
 import pytest
@@ -18,22 +17,7 @@ from vllm_contract.replay.resim import Break
 from vllm_contract.rig import scenarios
 from vllm_contract.trace import open_trace
 
-BUG_MODULE = '''
-from vllm.v1.core.sched.scheduler import Scheduler
-
-
-class DropFinishedOnce(Scheduler):
-    """Loses one id of finished_req_ids once: the worker never frees that request."""
-
-    dropped = None
-
-    def schedule(self, *args, **kwargs):
-        so = super().schedule(*args, **kwargs)
-        if self.dropped is None and so.finished_req_ids:
-            self.dropped = sorted(so.finished_req_ids)[0]
-            so.finished_req_ids.discard(self.dropped)
-        return so
-'''
+import resimkit
 
 TIMES = {"t_ns", "schedule_ns"}
 
@@ -43,21 +27,13 @@ def traces(tiny_model, tmp_path_factory):
     """The id_reuse scenario (a request added while another runs) recorded with vLLM's
     Scheduler, with DropFinishedOnce in its place (the rig builds `Scheduler` by name from
     vLLM's module), and with two batches in flight."""
-    import vllm.v1.core.sched.scheduler as sched_mod
-
     root = tmp_path_factory.mktemp("resim-debug")
-    (root / "debug_bug_sched.py").write_text(BUG_MODULE)
-    sys.path.insert(0, str(root))
-    bug = importlib.import_module("debug_bug_sched").DropFinishedOnce
     scenarios.run("id_reuse", tiny_model, root / "good")
     scenarios.run("id_reuse", tiny_model, root / "async", batch_queue=2)
-    stock, sched_mod.Scheduler = sched_mod.Scheduler, bug
-    try:
-        assert scenarios.run("id_reuse", tiny_model, root / "bug").scheduler.dropped is not None
-    finally:
-        sched_mod.Scheduler = stock
-    yield root
-    sys.path.remove(str(root))
+    with resimkit.bug_scheduler(root, "debug_bug_sched") as bug:
+        assert resimkit.record_with(bug, "id_reuse", tiny_model,
+                                    root / "bug").scheduler.dropped is not None
+        yield root
 
 
 def _break_step(trace) -> int:

@@ -1,0 +1,62 @@
+"""Scheduler bugs written as vLLM Scheduler subclasses, for the resim tests: importable by
+name (`--scheduler-cls module:DropFinishedOnce`) and recorded in the real Scheduler's place."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import sys
+from pathlib import Path
+
+from vllm_contract.rig import scenarios
+
+BUG_MODULE = '''
+from vllm.v1.core.sched.scheduler import Scheduler
+
+
+class DropFinishedOnce(Scheduler):
+    """Loses one id of finished_req_ids once: the worker never frees that request."""
+
+    dropped = None
+
+    def schedule(self, *args, **kwargs):
+        so = super().schedule(*args, **kwargs)
+        if self.dropped is None and so.finished_req_ids:
+            self.dropped = sorted(so.finished_req_ids)[0]
+            so.finished_req_ids.discard(self.dropped)
+        return so
+
+
+class RaisesOnThirdSchedule(Scheduler):
+    calls = 0
+
+    def schedule(self, *args, **kwargs):
+        self.calls += 1
+        if self.calls == 3:
+            raise RuntimeError("broken\\nacross lines")
+        return super().schedule(*args, **kwargs)
+'''
+
+
+@contextlib.contextmanager
+def bug_scheduler(where: Path, module: str):
+    """DropFinishedOnce, written as `module` under `where` and importable by that name while
+    the block runs (each test file names its own: one module per name in sys.modules)."""
+    (where / f"{module}.py").write_text(BUG_MODULE)
+    sys.path.insert(0, str(where))
+    try:
+        yield importlib.import_module(module).DropFinishedOnce
+    finally:
+        sys.path.remove(str(where))
+
+
+def record_with(cls, scenario: str, model: str, path: Path, **options):
+    """Scenario recorded with `cls` in place of vLLM's Scheduler (the rig builds `Scheduler`
+    by name from vLLM's module, so the name is swapped there); returns the harness."""
+    import vllm.v1.core.sched.scheduler as sched_mod
+
+    stock, sched_mod.Scheduler = sched_mod.Scheduler, cls
+    try:
+        return scenarios.run(scenario, model, path, **options)
+    finally:
+        sched_mod.Scheduler = stock
