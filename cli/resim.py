@@ -120,6 +120,10 @@ def resim(
     out: Annotated[Optional[Path], typer.Option(
         "--out", metavar="NEW_TRACE", help="Record the re-run into a new trace there (check, "
         "sql, replay and tui open it) and run the catalog on it.")] = None,
+    arrivals: Annotated[str, typer.Option(
+        "--arrivals", metavar="step|time", help="What-if runs: add each request at the "
+        "recording's step index (step), or when its recorded arrival time comes on a clock "
+        "advanced by the recorded step durations (time; needs the input log).")] = "step",
     format: Annotated[ResimFormat, typer.Option("--format", "-f")] = ResimFormat.table,
 ) -> None:
     """Re-run the scheduler on a trace's recorded inputs, with no model and no worker, and
@@ -137,7 +141,7 @@ def resim(
         whatif = bool(set_) or scheduler_cls is not None
         run = run_resim(trace, engine, scheduler_cls, _settings(set_ or []) or None,
                         break_at=break_at, break_hook=hook, until=until, out=out,
-                        whatif=whatif)
+                        whatif=whatif, arrivals=arrivals)
     except TraceError as e:
         fail(e)
     for note in run.notes:

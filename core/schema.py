@@ -10,10 +10,14 @@ from pathlib import Path
 
 import pyarrow as pa
 
-# 2: every table is one Hive-partitioned dataset, TRACE/<table>/engine=<name>/, and each
-# engine's manifest lies in TRACE/_engines/engine=<name>/ (a folder dataset readers skip);
-# 1: TRACE/engine=<name>/{manifest.json,<table>/}. Both are read.
-FORMAT_VERSION = 2
+# 3: format 2 and the scheduler's input log (tables `inputs` and `added`), which a trace of
+# format 1 or 2 lacks; 2: every table is one Hive-partitioned dataset,
+# TRACE/<table>/engine=<name>/, and each engine's manifest lies in
+# TRACE/_engines/engine=<name>/ (a folder dataset readers skip);
+# 1: TRACE/engine=<name>/{manifest.json,<table>/}. All are read.
+FORMAT_VERSION = 3
+# The first format whose recorder logs the scheduler's inputs (tables INPUT_TABLES).
+INPUTS_FORMAT = 3
 MANIFEST = "manifest.json"
 SEGMENT_SUFFIX = ".arrows"
 PARQUET_SUFFIX = ".parquet"
@@ -50,6 +54,7 @@ _STR = pa.string()
 _BOOL = pa.bool_()
 _INTS = pa.list_(pa.int64())
 _BLOCKS = pa.list_(pa.list_(pa.int32()))  # one block id list per KV cache group
+_F64 = pa.float64()
 
 
 def _col(name: str, typ: pa.DataType, doc: str, nullable: bool = True) -> pa.Field:
@@ -232,6 +237,65 @@ TABLES: dict[str, tuple[str, pa.Schema]] = {
             _col("sha256", _STR, "Hex SHA-256 of the token ids as little-endian int64."),
         ]),
     ),
+    "inputs": (
+        "The scheduler's input log: one row per call that fed the scheduler something other "
+        "than a step's schedule() or update_from_output(), per request it names: "
+        "add_request(), finish_requests(), update_draft_token_ids(), "
+        "update_draft_token_ids_in_output(), and schedule() called with arguments. Its place "
+        "among all the scheduler's calls is exact: after `step`'s schedule() and after "
+        "`updates` update_from_output() calls, in `seq` order.",
+        pa.schema([
+            _col("step", _I64, "The last step whose schedule() returned before this call "
+                 "(-1: before the first; for schedule(): the step it made).", False),
+            _col("seq", _I64, "Position among all the recorded scheduler calls (schedule(), "
+                 "update_from_output() and these), 0 for the first: rows of one call share it.",
+                 False),
+            _col("updates", _I64, "update_from_output() calls recorded before this call.", False),
+            _col("t_ns", _I64, "When the call returned (the recorder's clock)."),
+            _col("call", _STR, "'add_request', 'finish_requests', 'update_draft_token_ids', "
+                 "'update_draft_token_ids_in_output' or 'schedule'.", False),
+            _col("req_id", _STR, "The request named (NULL for schedule(), for "
+                 "finish_requests(None): every request, and for a draft update of none)."),
+            _col("pos", _I64, "finish_requests(): the order vLLM took the ids in (set order), "
+                 "those it finished first; drafts: index in DraftTokenIds.req_ids."),
+            _col("status", _STR, "finish_requests(): the RequestStatus it was called with."),
+            _col("finished", _BOOL, "finish_requests(): the id was finished by this call (it "
+                 "was known and not finished already)."),
+            _col("token_ids", _INTS, "Drafts: the draft token ids given for the request."),
+            _col("args_json", _STR, "schedule(): its arguments as plain-data JSON "
+                 "({\"args\": [...], \"kwargs\": {...}}), logged when they change; "
+                 "update_draft_token_ids_in_output(): {\"scheduler_output_step\": N}."),
+        ]),
+    ),
+    "added": (
+        "One row per add_request(): the Request's fields the scheduler reads, as given to it "
+        "(the `inputs` row of the same seq places it among the calls).",
+        pa.schema([
+            _col("step", _I64, "As in `inputs`: the last step scheduled before the call.",
+                 False),
+            _col("seq", _I64, "The add_request() call's seq in `inputs`.", False),
+            _col("req_id", _STR, "Request.request_id.", False),
+            _col("arrival_time", _F64, "Request.arrival_time (seconds since the epoch, as the "
+                 "frontend stamped it)."),
+            _col("priority", _I64, "Request.priority."),
+            _col("client_index", _I64, "Request.client_index."),
+            _col("num_prompt_tokens", _I64, "Request.num_prompt_tokens."),
+            _col("prompt_token_ids", _INTS, "Request.prompt_token_ids (NULL when redacted)."),
+            _col("prompt_block_hashes", pa.list_(pa.binary()), "Redacted prompts only: each "
+                 "full prompt block's hash (Request.block_hashes) hashed again with a salt "
+                 "drawn per recording and not kept, so equal blocks stay equal within the "
+                 "trace and reveal nothing of the tokens."),
+            _col("cache_salt", _STR, "Request.cache_salt (NULL when prompts are redacted: "
+                 "the salted block hashes carry its effect)."),
+            _col("sampling_params", _STR, "SamplingParams as JSON."),
+            _col("pooling_params", _STR, "PoolingParams as JSON."),
+            _col("lora_request", _STR, "LoRARequest as JSON."),
+            _col("mm_features", _STR, "Multimodal feature specs as JSON (tensors as opaque)."),
+            _col("other_json", _STR, "The Request constructor's other arguments, read back "
+                 "from the Request, as plain-data JSON: those this recorder has no column for "
+                 "(a newer vLLM's included, so that drift is never lost)."),
+        ]),
+    ),
     "malformed_steps": (
         "Quarantine: one row per step the recorder could not put in the other tables (a "
         "SchedulerOutput of the wrong shape: parallel lists of unequal length, None for a list, "
@@ -251,6 +315,9 @@ TABLES: dict[str, tuple[str, pa.Schema]] = {
 }
 
 TABLE_NAMES = tuple(TABLES)
+# The scheduler's input log (format INPUTS_FORMAT on): absent from older traces, where it
+# was not recorded (not empty).
+INPUT_TABLES = ("inputs", "added")
 # Tables added to format 1 after its first traces: a trace without one had nothing to put in it
 # (no quarantined step), so it counts as present and empty, and no check that needs it is skipped.
 ADDED_TABLES = ("malformed_steps",)

@@ -17,15 +17,18 @@ import os
 import time
 from typing import Any
 
-from vllm_contract.recorder import snapshot, writer_proc
+from vllm_contract.recorder import input_log, snapshot, writer_proc
 from vllm_contract.recorder.clock import now_ns
 from vllm_contract.recorder.engine_info import dp_rank, engine_settings
+from vllm_contract.recorder.records import Input
 from vllm_contract.recorder.writer import TraceWriter
 from vllm_contract.recorder.writer_api import Writer
 
 log = logging.getLogger("vllm.vllm_contract")  # under vLLM's logger: our lines join its log
 
 _WRAPPED = ("schedule", "update_from_output", "finish_requests")
+# The input log's hooks, where the scheduler has the method (input_log.py).
+_INPUTS = ("add_request", "update_draft_token_ids", "update_draft_token_ids_in_output")
 
 
 def _vllm_version() -> str | None:
@@ -65,6 +68,12 @@ class Recorder:
         self.paused = False
         self.redacted = bool(writer_options.get("redact_prompts"))
         self.started_by = started_by
+        # The input log: every call's place among all the recorded calls (input_log.py).
+        self.seq = 0
+        self.updates = 0
+        self._depth = 0  # inside a wrapped call: a call it makes itself is not an input
+        self._sched_args: tuple | None = None
+        self._others = input_log.other_names()
         state = worker_state(scheduler) if install else None
         mid = bool(state["requests"] or state["finished_ids"]) if install else None
         manifest = {
@@ -80,6 +89,11 @@ class Recorder:
             "attached_mid_stream": mid,
             "worker_state_at_start": state,
             "worker_replayable": not self.redacted and not mid,
+            # the scheduler's calls besides schedule() and update (tables inputs, added)
+            "input_log": {"calls": ["add_request", "finish_requests", *_INPUTS[1:],
+                                    "schedule (its arguments)"],
+                          "prompt_block_hashes": "salted per recording, the salt not kept"
+                          if self.redacted else None},
             **(manifest_extra or {}),
         }
         self.writer: Writer = _start_writer(trace_dir, manifest, dp_rank(scheduler),
@@ -93,6 +107,7 @@ class Recorder:
         calls this on the engine thread at a step boundary."""
         s = self.scheduler
         names = _WRAPPED if self._wrap_schedule else _WRAPPED[1:]
+        names += tuple(n for n in _INPUTS if callable(getattr(s, n, None)))
         self._originals = {name: getattr(s, name) for name in names}
         # Someone else's instance-level wrapper (a test, another tool) is put back on close().
         self._shadowed = {n: s.__dict__[n] for n in names if n in s.__dict__}
@@ -100,7 +115,11 @@ class Recorder:
             s.schedule = self._schedule
         s.update_from_output = self._update_from_output
         s.finish_requests = self._finish_requests
+        for name in names:
+            if name in _INPUTS:
+                setattr(s, name, getattr(self, "_" + name))
         self._installed = True
+        self._log_waiting()
         if not _initial:
             state = worker_state(s)
             mid = bool(state["requests"] or state["finished_ids"])
@@ -108,6 +127,26 @@ class Recorder:
                 attached_mid_stream=mid, worker_state_at_start=state,
                 worker_replayable=not self.redacted and not mid,
                 recording_started_at=time.time())
+
+    def _log_waiting(self) -> None:
+        """Requests added before the recording and not scheduled yet: logged as added now,
+        so that a recording started on a queue (not mid-stream) still has every input."""
+        if not self.active:
+            return
+        try:
+            for req in list((getattr(self.scheduler, "requests", None) or {}).values()):
+                name = getattr(getattr(req, "status", None), "name", "")
+                if (name.startswith("WAITING") and not getattr(req, "num_computed_tokens", 0)
+                        and not getattr(req, "is_finished", lambda: False)()):
+                    self._input("add_request", input_log.request_fields(
+                        req, self._others, self.redacted))
+        except Exception as e:
+            self._disable(e)
+
+    def _input(self, call: str, payload: Any, step: int | None = None) -> None:
+        self.writer.submit_input(Input(self.step - 1 if step is None else step, self.seq,
+                                       self.updates, now_ns(), call, payload))
+        self.seq += 1
 
     @property
     def active(self) -> bool:
@@ -139,7 +178,11 @@ class Recorder:
 
     def record_schedule(self, original: Any, args: tuple, kwargs: dict) -> Any:
         t0 = time.perf_counter_ns()
-        out = original(*args, **kwargs)
+        self._depth += 1
+        try:
+            out = original(*args, **kwargs)
+        finally:
+            self._depth -= 1
         if self.active:
             try:
                 t1 = time.perf_counter_ns()
@@ -147,6 +190,12 @@ class Recorder:
                 state = (len(s.running), len(s.waiting), s.kv_cache_manager.usage)
                 step = self.step
                 self.step += 1
+                if (args or kwargs or self._sched_args) and (args, kwargs) != self._sched_args:
+                    # logged when they change: the engine passes the same flag most steps
+                    self._sched_args = (args, dict(kwargs))
+                    self.writer.submit_input(Input(step, self.seq, self.updates, now_ns(),
+                                                   "schedule", self._sched_args))
+                self.seq += 1
                 kept = self.writer.submit_schedule(step, now_ns(), t1 - t0, state, out)
                 # A dropped step (writer behind) keeps no model output either: no orphan rows.
                 if kept:
@@ -180,9 +229,17 @@ class Recorder:
             except Exception as e:
                 self._disable(e)
         t0 = time.perf_counter_ns()
-        out = self._originals["update_from_output"](scheduler_output, model_runner_output, *a, **kw)
+        self._depth += 1
+        try:
+            out = self._originals["update_from_output"](scheduler_output, model_runner_output,
+                                                        *a, **kw)
+        finally:
+            self._depth -= 1
         t1 = time.perf_counter_ns()
         entry = self._inflight.pop(id(scheduler_output), None)
+        if entry is not None and entry[1] is scheduler_output:
+            self.seq += 1
+            self.updates += 1
         if m is not None and entry is not None and entry[1] is scheduler_output and self.active:
             try:
                 finishes = [(o.request_id, o.finish_reason.name)
@@ -206,13 +263,76 @@ class Recorder:
         for step, rows in by_step.items():
             self.writer.submit_transport(step, rows)
 
-    def _finish_requests(self, *args: Any, **kwargs: Any) -> Any:
-        out = self._originals["finish_requests"](*args, **kwargs)
-        if self.active and out:
+    def _finish_requests(self, request_ids: Any, *args: Any, **kwargs: Any) -> Any:
+        logged = self.active and not self._depth
+        if logged and not (request_ids is None or isinstance(request_ids, (str, list, tuple,
+                                                                             set, frozenset))):
+            request_ids = list(request_ids)  # an iterator: read once, for vLLM and the log
+        self._depth += 1
+        try:
+            out = self._originals["finish_requests"](request_ids, *args, **kwargs)
+        finally:
+            self._depth -= 1
+        if self.active and (out or logged):
             try:
-                finishes = [(r.request_id, r.status.name) for r in out]
-                # Between steps: attributed to the last step schedule() returned.
-                self.writer.submit_finish(self.step - 1, now_ns(), "finish_requests", finishes)
+                finishes = [(r.request_id, r.status.name) for r in out or ()]
+                if logged:
+                    status = args[0] if args else kwargs.get("finished_status")
+                    given = (None if request_ids is None else [request_ids]
+                             if isinstance(request_ids, str) else list(request_ids))
+                    self._input("finish_requests", (given, input_log.status_name(status),
+                                                    [rid for rid, _ in finishes]))
+                if finishes:
+                    # Between steps: attributed to the last step schedule() returned.
+                    self.writer.submit_finish(self.step - 1, now_ns(), "finish_requests",
+                                              finishes)
+            except Exception as e:
+                self._disable(e)
+        return out
+
+    def _add_request(self, request: Any, *args: Any, **kwargs: Any) -> Any:
+        logged = not self._depth
+        self._depth += 1
+        try:
+            out = self._originals["add_request"](request, *args, **kwargs)
+        finally:
+            self._depth -= 1
+        if logged and self.active:
+            try:
+                self._input("add_request", input_log.request_fields(request, self._others,
+                                                                    self.redacted))
+            except Exception as e:
+                self._disable(e)
+        return out
+
+    def _update_draft_token_ids(self, draft_token_ids: Any, *args: Any, **kwargs: Any) -> Any:
+        return self._drafts("update_draft_token_ids", draft_token_ids, None, args, kwargs)
+
+    def _update_draft_token_ids_in_output(self, draft_token_ids: Any, scheduler_output: Any,
+                                          *args: Any, **kwargs: Any) -> Any:
+        return self._drafts("update_draft_token_ids_in_output", draft_token_ids,
+                            scheduler_output, args, kwargs)
+
+    def _drafts(self, call: str, drafts: Any, so: Any, args: tuple, kwargs: dict) -> Any:
+        payload = None
+        logged = self.active and not self._depth
+        if logged:
+            try:  # before the call, which trims and pads the lists in place
+                entry = None if so is None else self._inflight.get(id(so))
+                payload = input_log.draft_lists(drafts) + (
+                    entry[0] if entry is not None and entry[1] is so else None,)
+            except Exception as e:
+                self._disable(e)
+        self._depth += 1
+        try:
+            original = self._originals[call]
+            out = (original(drafts, *args, **kwargs) if so is None
+                   else original(drafts, so, *args, **kwargs))
+        finally:
+            self._depth -= 1
+        if payload is not None and self.active:
+            try:
+                self._input(call, payload)
             except Exception as e:
                 self._disable(e)
         return out

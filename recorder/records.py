@@ -56,6 +56,22 @@ class Finish(NamedTuple):
     finishes: list
 
 
+class Input(NamedTuple):
+    """A call that fed the scheduler besides a step's schedule() and update: add_request(),
+    finish_requests(), a draft update, schedule()'s arguments (input_log.py). `step`: the last
+    step scheduled before it; `updates`: update_from_output() calls before it; `seq`: its
+    place among all the recorded calls. `payload`, by call: add_request, input_log.
+    request_fields()'s tuple; finish_requests, (ids given or None, status name, ids it
+    finished in vLLM's order); drafts, (req_ids, drafts, the step whose output they went into
+    or None); schedule, (args, kwargs)."""
+    step: int
+    seq: int
+    updates: int
+    t_ns: int
+    call: str
+    payload: Any
+
+
 class Transport(NamedTuple):
     """Transport rows of a step, written apart from its update (a lagging worker, or close)."""
     step: int
@@ -110,4 +126,4 @@ STOP = Stop()
 
 # What crosses the ring; a record's place here is its kind's number there (handoff.py).
 RING_RECORDS = (Schedule, Malformed, Update, Finish, Transport, Manifest, Error, Stop, Init,
-                Flush, Dropped)
+                Flush, Dropped, Input)

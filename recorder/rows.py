@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from array import array
 from typing import Any
 
@@ -49,11 +50,22 @@ ROW_TABLES = {
 }
 
 
+def _others_json(others: dict) -> str | None:
+    """The Request's other constructor arguments that are set (None, False and empty left
+    out: the constructor's defaults), as plain-data JSON."""
+    set_ = {k: v for k, v in (others or {}).items()
+            if not (v is None or v is False or (isinstance(v, (list, dict, tuple)) and not v))}
+    return json.dumps(to_plain(set_), sort_keys=True, default=repr) if set_ else None
+
+
 class Columns:
     """Column buffers for every table; drained into one record batch per table."""
 
     def __init__(self, redact_prompts: bool = False) -> None:
         self.redact = redact_prompts
+        # Block hashes of redacted prompts are hashed again with this: drawn per recording,
+        # never written, so that no hash in the trace can be matched against a guessed prompt.
+        self._salt = os.urandom(16) if redact_prompts else b""
         self.row_tables = {}
         for t, names in ROW_TABLES.items():
             assert tuple(schema.schema(t).names) == names, f"rows.ROW_TABLES[{t!r}] is stale"
@@ -399,3 +411,50 @@ class Columns:
 
     def add_transport(self, step: int, rows: list) -> None:
         self._transport.extend((step, *row) for row in rows)
+
+    def add_input(self, item: Any) -> None:
+        """A records.Input: its `inputs` rows, and for add_request() its `added` row."""
+        step, seq, updates, t_ns, call, payload = item
+        row = {"step": step, "seq": seq, "updates": updates, "t_ns": t_ns, "call": call}
+        if call == "add_request":
+            self._add("inputs", req_id=payload[0], **row)
+            self._added(step, seq, payload)
+        elif call == "finish_requests":
+            given, status, finished = payload
+            if given is None:  # finish_requests(None): every request the scheduler held
+                self._add("inputs", status=status, **row)
+            done = set(finished)
+            order = list(finished) + [r for r in dict.fromkeys(given or ()) if r not in done]
+            for pos, rid in enumerate(order):
+                self._add("inputs", req_id=rid, pos=pos, status=status, finished=rid in done,
+                          **row)
+        elif call == "schedule":
+            args, kwargs = payload
+            self._add("inputs", args_json=json.dumps(to_plain({"args": list(args),
+                                                               "kwargs": dict(kwargs)}),
+                                                     sort_keys=True, default=repr), **row)
+        else:  # the draft updates; into a step's output: which step's
+            req_ids, drafts, into = payload
+            where = None if into is None else json.dumps({"scheduler_output_step": into})
+            for pos, (rid, toks) in enumerate(zip(req_ids, drafts)):
+                self._add("inputs", req_id=rid, pos=pos, token_ids=toks, args_json=where,
+                          **row)
+            if not req_ids:  # a call with no request: it still happened
+                self._add("inputs", args_json=where, **row)
+
+    def _added(self, step: int, seq: int, p: tuple) -> None:
+        (rid, arrival, priority, client, prompt, salt, sampling, pooling, lora, mm, n_prompt,
+         hashes, others) = p
+        if self.redact:
+            prompt, salt = None, None
+            hashes = [hashlib.blake2b(bytes(h), digest_size=16, key=self._salt).digest()
+                      for h in hashes or ()]
+        else:
+            hashes = None
+        self._add("added", step=step, seq=seq, req_id=rid, arrival_time=arrival,
+                  priority=priority, client_index=client, num_prompt_tokens=n_prompt,
+                  prompt_token_ids=None if prompt is None else list(prompt),
+                  prompt_block_hashes=hashes, cache_salt=salt, sampling_params=dumps(sampling),
+                  pooling_params=dumps(pooling), lora_request=dumps(lora),
+                  mm_features=dumps(mm or None),
+                  other_json=_others_json(others))

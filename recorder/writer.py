@@ -23,7 +23,8 @@ from vllm_contract import liveness, schema
 from vllm_contract.recorder import snapshot
 from vllm_contract.recorder.columns import warm_up
 from vllm_contract.recorder.records import (
-    STOP, Barrier, Drop, Error, Finish, Malformed, Manifest, Schedule, Stop, Transport, Update)
+    STOP, Barrier, Drop, Error, Finish, Input, Malformed, Manifest, Schedule, Stop, Transport,
+    Update)
 from vllm_contract.recorder.reserve import Reserve
 from vllm_contract.recorder.rows import REDACTED_FIELDS, Columns
 from vllm_contract.recorder.segments import SegmentSet, write_json_atomic
@@ -245,6 +246,9 @@ class TraceWriter:
     def submit_transport(self, step: int, rows: list) -> None:
         self._items.append(Transport(step, rows))
 
+    def submit_input(self, record: tuple) -> None:
+        self._items.append(record)
+
     def put(self, item: tuple) -> None:
         """Queue a record that is not a step's schedule (records.py), as it is."""
         self._items.append(item)
@@ -353,6 +357,8 @@ class TraceWriter:
             self._cols.add_finishes(item.step, item.t_ns, item.source, item.finishes)
         elif t is Transport:
             self._cols.add_transport(item.step, item.rows)
+        elif t is Input:
+            self._cols.add_input(item)
         elif t is Manifest:
             self.manifest.update(item.values)
             self._write_manifest()

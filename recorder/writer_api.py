@@ -45,6 +45,9 @@ class Writer(Protocol):
     def submit_transport(self, step: int, rows: list) -> None:
         """A step's transport rows, apart from its update."""
 
+    def submit_input(self, record: Any) -> None:
+        """A records.Input: a call that fed the scheduler (the input log)."""
+
     def update_manifest(self, **values: Any) -> None:
         """Merge keys into the manifest (written by the writer, never the engine)."""
 

@@ -138,6 +138,9 @@ class ProcessWriter:
     def submit_transport(self, step: int, rows: list) -> None:
         self._submit(Transport(step, rows))
 
+    def submit_input(self, record: tuple) -> None:
+        self._submit(record)
+
     def _submit(self, item: tuple) -> None:
         """Queue a record that is not a step's schedule; one the ring has no room for now is
         sent before the next."""
@@ -331,7 +334,7 @@ def _take(w: Any, item: tuple, data: bytes, reader: RingReader, dropped: set[int
         w.update_manifest(**item.values)
     elif t is Error:  # the engine side failed: as TraceWriter.fail() there
         w.note_failure(item.error, item.when)
-    else:  # Finish, Transport, Malformed: as they are
+    else:  # Finish, Transport, Malformed, Input: as they are
         w.put(item)
 
 

@@ -42,6 +42,7 @@ class HarnessConfig:
     # the previous one's update. Drafts then stay in the worker: the scheduler sends -1
     # placeholders, and the fabricated model accepts some of its (unseen) drafts.
     batch_queue: int = 1
+    policy: str = "fcfs"  # or "priority": Harness.add(priority=...) orders the queue
 
 
 def token_for(req_id: str, position: int) -> int:
@@ -83,6 +84,7 @@ class Harness:
                           enforce_eager=True)
         self.vllm_config = vc = args.create_engine_config()
         vc.cache_config.num_gpu_blocks = c.num_blocks
+        vc.scheduler_config.policy = c.policy
         kv_config = KVCacheConfig(
             num_blocks=c.num_blocks, kv_cache_tensors=[],
             kv_cache_groups=[KVCacheGroupSpec(["layer"], FullAttentionSpec(
@@ -110,7 +112,8 @@ class Harness:
 
     # -- requests ------------------------------------------------------------------------------
     def add(self, req_id: str, prompt: list[int], max_tokens: int = 8,
-            choice: list[str] | None = None, **sampling: Any) -> Any:
+            choice: list[str] | None = None, priority: int = 0, cache_salt: str | None = None,
+            arrival_time: float | None = None, **sampling: Any) -> Any:
         """Queue a request. `choice` makes it a structured-output request (the harness must
         have been built with structured_output=True, which loads the model's tokenizer)."""
         from vllm import SamplingParams
@@ -128,7 +131,8 @@ class Harness:
                                 **{"ignore_eos": True, **sampling})
         params.update_from_generation_config({}, EOS_TOKEN_ID)
         req = Request(request_id=req_id, prompt_token_ids=list(prompt), sampling_params=params,
-                      pooling_params=None, block_hasher=self.block_hasher)
+                      pooling_params=None, block_hasher=self.block_hasher, priority=priority,
+                      cache_salt=cache_salt, arrival_time=arrival_time)
         if req.use_structured_output:
             self.scheduler.structured_output_manager.grammar_init(req)
             # Compilation runs in a thread pool; waiting here keeps scenarios deterministic.

@@ -60,3 +60,22 @@ def record_with(cls, scenario: str, model: str, path: Path, **options):
         return scenarios.run(scenario, model, path, **options)
     finally:
         sched_mod.Scheduler = stock
+
+
+def without_input_log(trace: Path, copy: Path) -> Path:
+    """A copy of `trace` as a recorder of format 2 would have written it: no input log
+    (tables `inputs` and `added`), the manifest without `input_log` and at version 2."""
+    import json
+    import shutil
+
+    from vllm_contract import schema
+
+    shutil.copytree(trace, copy)
+    for table in schema.INPUT_TABLES:
+        shutil.rmtree(copy / table, ignore_errors=True)
+    for manifest in (copy / schema.ENGINES_DIR).glob(f"*/{schema.MANIFEST}"):
+        m = json.loads(manifest.read_text())
+        m.pop("input_log", None)
+        m["format_version"] = 2
+        manifest.write_text(json.dumps(m))
+    return copy

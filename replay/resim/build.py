@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from vllm_contract.errors import TraceError
+from vllm_contract.replay.resim import log
 
 _STOCK = "vllm.v1.core.sched.scheduler:Scheduler"
 _ASYNC = "vllm.v1.core.sched.async_scheduler:AsyncScheduler"
@@ -49,10 +50,10 @@ def settings_of(engine, overrides: dict | None) -> dict:
     if "block_size" in (overrides or {}):
         _rescale_blocks(e, (engine.manifest.get("engine") or {}).get("block_size"))
     policy = e.get("policy")
-    if policy and str(policy).lower() != "fcfs":
+    if policy and str(policy).lower() != "fcfs" and not log.has_log(engine):
         raise TraceError(f"the trace was recorded with the {policy} scheduling policy: "
-                         "requests' priorities and arrival times are not in the trace, so a "
-                         "re-run cannot order the queue as it was")
+                         "requests' priorities and arrival times are not in a trace of this "
+                         "format (no input log), so a re-run cannot order the queue as it was")
     for i, g in enumerate(e.get("kv_cache_groups") or []):
         if g.get("spec") not in GROUP_SPECS:
             raise TraceError(f"KV cache group {i} of the trace is a {g.get('spec')}: resim "
@@ -170,6 +171,8 @@ def build(e: dict, cls: type, cls_name: str, structured: bool) -> Built:
         raise TraceError(f"vLLM cannot build the recorded engine config: {type(ex).__name__}: "
                          f"{ex}") from None
     vc.cache_config.num_gpu_blocks = int(e["num_kv_blocks"])
+    if e.get("policy"):  # refused without an input log (settings_of)
+        vc.scheduler_config.policy = e["policy"]
     kv = _kv_config(e, vc)
     try:
         block_size, hash_block_size = resolve_kv_cache_block_sizes(kv, vc)

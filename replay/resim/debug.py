@@ -13,14 +13,21 @@ from vllm_contract.errors import TraceError
 
 @dataclass
 class Pending:
-    """One call the re-run is about to make: `add_request` (with the vLLM Request it adds) or
-    `schedule`."""
+    """One call the re-run is about to make: `add_request` (with the vLLM Request it adds),
+    `schedule`, and from an input log also `finish_requests` (args: (req_id, status name)),
+    `update_draft_token_ids` and `update_draft_token_ids_in_output` (args: (req_ids, drafts,
+    the step whose output they go into or None))."""
     call: str
     request: Any = None
+    args: Any = None
 
     @property
     def req_id(self) -> str | None:
-        return None if self.request is None else self.request.request_id
+        if self.request is not None:
+            return self.request.request_id
+        if self.call == "finish_requests" and self.args:
+            return self.args[0]
+        return None
 
     def __repr__(self) -> str:
         return f"{self.call}({self.req_id or ''})"

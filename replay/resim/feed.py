@@ -25,14 +25,17 @@ class Requests:
         self._arrival = 0.0
 
     def make(self, req_id: str, prompt: list[int], sampling: Any, pooling: Any = None,
-             lora: Any = None, mm: Any = None, counted: bool = True) -> Any:
+             lora: Any = None, mm: Any = None, counted: bool = True, **given: Any) -> Any:
+        """A Request as the engine would add it; `given`: the recorded constructor arguments
+        besides these (arrival_time, priority, cache_salt, ...). Without a recorded arrival
+        time, increasing ones keep the order requests are added in."""
         from vllm.v1.request import Request
 
-        # arrival times are not recorded: increasing ones keep the order requests are added in
         self._arrival += 1.0
+        given.setdefault("arrival_time", self._arrival)
         req = Request(request_id=req_id, prompt_token_ids=list(prompt), sampling_params=sampling,
-                      pooling_params=pooling, arrival_time=self._arrival, mm_features=mm or None,
-                      lora_request=lora, block_hasher=self.hasher)
+                      pooling_params=pooling, mm_features=mm or None, lora_request=lora,
+                      block_hasher=self.hasher, **given)
         if counted:
             k = self.count[req_id] = self.count.get(req_id, -1) + 1
             self.live[req_id] = (weakref.ref(req), k)
@@ -46,6 +49,23 @@ class Requests:
     def from_new(self, nr: Any) -> Any:
         return self.make(nr.req_id, nr.prompt_token_ids, nr.sampling_params, nr.pooling_params,
                          nr.lora_request, nr.mm_features)
+
+    def from_added(self, row: dict, decode: Any, others: dict) -> Any:
+        """The Request an input log's `added` row recorded. Redacted prompts: made-up tokens
+        of the recorded length, and the recorded (salted) block hashes in place of the ones
+        they would hash to, so that prefix-cache hits come out as recorded."""
+        prompt = row["prompt_token_ids"]
+        if prompt is None:
+            prompt = [FILLER] * max(1, row["num_prompt_tokens"] or 0)
+        given = {k: row[k] for k in ("arrival_time", "priority", "client_index", "cache_salt")
+                 if row[k] is not None}
+        req = self.make(row["req_id"], prompt, decode(row["sampling_params"]),
+                        decode(row["pooling_params"]), decode(row["lora_request"]),
+                        decode(row["mm_features"]), **given, **others)
+        hashes = row["prompt_block_hashes"]
+        if hashes is not None:
+            req.block_hashes[:] = [bytes(h) for h in hashes]
+        return req
 
     def phantom(self, req_id: str) -> Any:
         """A request aborted before any step scheduled it: the trace has nothing of it but its

@@ -18,7 +18,7 @@ import bisect
 import json
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Any, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -26,6 +26,7 @@ import pyarrow.compute as pc
 
 from vllm_contract.errors import TraceError
 from vllm_contract.manifest import mid_stream_note
+from vllm_contract.replay.resim import log
 from vllm_contract.replay.worker import canonical
 from vllm_contract.replay.worker.plan import most_in_flight, step_ranges
 
@@ -45,10 +46,12 @@ _BATCH = 65_536  # rows turned into Python objects at a time
 
 @dataclass(frozen=True)
 class Call:
-    kind: str  # "schedule", "update" or "abort"
+    # "schedule", "update", "abort"; from an input log also "add", "drafts", "drafts_in_output"
+    kind: str
     step: int
     req_id: str | None = None
     status: str | None = None  # abort: the RequestStatus name recorded
+    data: Any = None  # add: the `added` row's seq; drafts: (req_ids, lists, step or None)
 
 
 def _by_step(table: pa.Table) -> tuple[pa.Table, np.ndarray]:
@@ -163,10 +166,12 @@ class Outputs:
 
 
 class Calls:
-    """The calls in their recorded order, made one at a time from sorted columns."""
+    """The calls in their recorded order, made one at a time from sorted columns: kind 0 a
+    schedule(), 1 an update, k >= 2 the (k-2)-th of `others` (aborts, or an input log's
+    calls)."""
 
-    def __init__(self, kinds: np.ndarray, steps: np.ndarray, aborts: list[tuple]) -> None:
-        self.kinds, self.steps, self.aborts = kinds, steps, aborts
+    def __init__(self, kinds: np.ndarray, steps: np.ndarray, others: list[Call]) -> None:
+        self.kinds, self.steps, self.others = kinds, steps, others
 
     def __len__(self) -> int:
         return len(self.kinds)
@@ -178,7 +183,7 @@ class Calls:
             elif kind == 1:
                 yield Call("update", step)
             else:
-                yield Call("abort", step, *self.aborts[kind - 2])
+                yield self.others[kind - 2]
 
 
 @dataclass
@@ -192,6 +197,12 @@ class Inputs:
     structured: bool  # a request uses structured output: the tokenizer is needed
     intro: dict[str, list[int]] = field(default_factory=dict)  # req_id -> steps it is new at
     _spec: dict[str, tuple[list[int], list[list[int]]]] | None = None
+    added: Any = None  # an input log's add_request() rows (log.Added); None: derived inputs
+    schedule_args: dict[int, tuple[list, dict]] = field(default_factory=dict)  # from step on
+
+    @property
+    def logged(self) -> bool:
+        return self.added is not None
 
     @property
     def spec(self) -> dict[str, tuple[list[int], list[list[int]]]]:
@@ -224,10 +235,15 @@ def refuse_unusable(engine) -> None:
                          "cannot feed them")
 
 
-def _calls(engine, known: pa.Array) -> Calls:
+def _calls(engine, known: pa.Array, logged: list | None = None) -> Calls:
+    """The recorded order of schedule() and update calls (by the recorder's clock) with the
+    aborts among them; `logged`: an input log's entries (log.py), placed by their counts of
+    the calls before them instead, and no abort derived."""
     sched = engine.read("steps", ["step", "t_ns"])
     upd = engine.read("updates", ["step", "t_ns"])
     upd = upd.filter(pc.fill_null(pc.is_in(upd["step"], value_set=known), False))
+    if logged is not None:
+        return _with_log(sched, upd, logged)
     fin = engine.read("finish_events")
     fin = fin.filter(pc.fill_null(pc.not_equal(fin["source"], "update_from_output"), True))
     n = (sched.num_rows, upd.num_rows, fin.num_rows)
@@ -239,8 +255,44 @@ def _calls(engine, known: pa.Array) -> Calls:
     steps = np.concatenate([pc.fill_null(x["step"], -1).to_numpy().astype(np.int64)
                             for x in (sched, upd, fin)])
     order = np.lexsort((np.arange(len(t)), prio, t))  # the recorded order, ties as stored
-    aborts = list(zip(fin["req_id"].to_pylist(), fin["reason"].to_pylist()))
+    aborts = [Call("abort", s, rid, reason) for s, rid, reason in zip(
+        steps[n[0] + n[1]:].tolist(), fin["req_id"].to_pylist(), fin["reason"].to_pylist())]
     return Calls(kinds[order], steps[order], aborts)
+
+
+def _with_log(sched: pa.Table, upd: pa.Table, logged: list) -> Calls:
+    """schedule() and update calls in the clock's order, each logged input put where its
+    counts say: after the schedule() of its step and its `updates`-th update."""
+    n = (sched.num_rows, upd.num_rows)
+    t = np.concatenate([pc.fill_null(x["t_ns"], 0).to_numpy().astype(np.int64)
+                        for x in (sched, upd)])
+    base_kinds = np.concatenate([np.zeros(n[0], np.int64), np.ones(n[1], np.int64)])
+    base_steps = np.concatenate([pc.fill_null(x["step"], -1).to_numpy().astype(np.int64)
+                                 for x in (sched, upd)])
+    order = np.lexsort((np.arange(len(t)), base_kinds, t))
+    base_kinds, base_steps = base_kinds[order].tolist(), base_steps[order].tolist()
+    first = min(base_steps) if base_steps else 0
+    kinds, steps = [], []
+    scheduled = updated = 0  # calls made so far
+    i = 0
+    for kind, step in zip(base_kinds + [None], base_steps + [None]):
+        # the inputs whose place is here: every schedule() and update before them made
+        while i < len(logged) and (logged[i].step - first + 1 <= scheduled
+                                   and logged[i].updates <= updated):
+            kinds.append(2 + i)
+            steps.append(logged[i].step)
+            i += 1
+        if kind is None:
+            break
+        kinds.append(kind)
+        steps.append(step)
+        scheduled += kind == 0
+        updated += kind == 1
+    for j in range(i, len(logged)):  # after the last recorded call (a trace cut short)
+        kinds.append(2 + j)
+        steps.append(logged[j].step)
+    return Calls(np.array(kinds, np.int64), np.array(steps, np.int64),
+                 [e.call for e in logged])
 
 
 def _outputs(engine, intro: dict[str, list[int]]) -> Outputs:
@@ -319,6 +371,11 @@ def derive(engine) -> Inputs:
     for r in engine.read("finish_events", ["step", "req_id", "reason", "source"]).to_pylist():
         if r["source"] == "update_from_output":
             finishes[r["step"]].append((r["req_id"], r["reason"]))
-    return Inputs(_calls(engine, known), plains,
-                  _outputs(engine, intro), {s: sorted(v) for s, v in finishes.items()},
-                  scheduled, most_in_flight(engine), _structured(engine), intro)
+    entries, added, args = log.read(engine, Call) if log.has_log(engine) else (None, None, {})
+    # a request's n-th incarnation: its n-th introduction, or with a log its n-th add (one
+    # aborted before it was scheduled is added, and counted, but never introduced)
+    incarnations = intro if added is None else added.incarnations()
+    return Inputs(_calls(engine, known, entries), plains,
+                  _outputs(engine, incarnations), {s: sorted(v) for s, v in finishes.items()},
+                  scheduled, most_in_flight(engine), _structured(engine), intro,
+                  added=added, schedule_args=args)

@@ -9,8 +9,9 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from vllm_contract.errors import TraceError
+from vllm_contract.plain import is_opaque
 from vllm_contract.replay.resim import build as building
-from vllm_contract.replay.resim import debug, record
+from vllm_contract.replay.resim import debug, log, record
 from vllm_contract.replay.resim.inputs import DERIVED, Call, Inputs, derive
 from vllm_contract.replay.resim.words import Difference, finish_difference, first_difference
 
@@ -84,7 +85,8 @@ class Resim:
     def __init__(self, engine, inputs: Inputs, built: building.Built, rebuilt: Any,
                  notes: list[str], break_at: int | None = None, hook: Any = None,
                  until: int | None = None, out: Path | None = None,
-                 source: dict | None = None, whatif: bool = False) -> None:
+                 source: dict | None = None, whatif: bool = False,
+                 arrivals: str = "step") -> None:
         from vllm_contract.replay.resim.feed import Requests
 
         self.engine, self.inputs, self.built, self.rebuilt = engine, inputs, built, rebuilt
@@ -92,7 +94,12 @@ class Resim:
         self.requests = Requests(built.block_hasher, self.scheduler.structured_output_manager)
         self.redacted = bool(engine.manifest.get("redacted_prompts"))
         # sync speculative decoding: the worker's drafts come back through the scheduler
-        self.drafts = bool(built.settings.get("speculative")) and inputs.in_flight <= 1
+        # (an input log has them: given as recorded)
+        self.drafts = (bool(built.settings.get("speculative")) and inputs.in_flight <= 1
+                       and not inputs.logged)
+        self._queue: list[Call] = []  # an input log's calls since the last schedule/update
+        self._args: tuple[list, dict] = ([], {})  # schedule()'s, as last logged
+        self._given = _request_params()
         self.summary_ = Summary(engine.name, built.cls_name, notes=notes,
                                 recorded_steps=len(inputs.plains))
         self._pending: dict[int, list] = {}
@@ -102,6 +109,7 @@ class Resim:
         self.out, self.source = out, source or {}
         self._in_hook = False
         self.whatif = whatif
+        self.arrivals = arrivals  # a what-if run's: "step" (index) or "time"
 
     @property
     def total_steps(self) -> int:
@@ -180,12 +188,16 @@ class Resim:
                 if call.kind == "schedule":
                     self._schedule(call.step)
                 elif call.kind == "update":
+                    self._feed(self._pending_calls())
                     if call.step in self._pending:
                         yield self._count(self._update(call.step))
                     if self._until_reached(call.step):
                         break
+                elif self.inputs.logged:
+                    self._queue.append(call)
                 else:
                     self._abort(call)
+            self._feed(self._pending_calls())
         except bdb.BdbQuit:  # `q` in the debugger, at the break or in a breakpoint set from it
             self.summary_.quit_at = call.step
             self._pending.clear()
@@ -228,9 +240,10 @@ class Resim:
         return self.summary_
 
     def _schedule(self, step: int) -> None:
-        from vllm_contract.replay.worker.canonical import from_live
-
         plain = self.inputs.plains[step]
+        if self.inputs.logged:
+            self._schedule_logged(step, plain)
+            return
         new = []
         if plain["scheduled_new_reqs"]:
             for nr in self.rebuilt.build_step(step, plain).scheduled_new_reqs:
@@ -243,7 +256,11 @@ class Resim:
             new = self._break(step, new)
         for req in new:
             self.scheduler.add_request(req)
-        so = self.scheduler.schedule()
+        self._compare(step, plain, self.scheduler.schedule())
+
+    def _compare(self, step: int, plain: dict, so: Any) -> None:
+        from vllm_contract.replay.worker.canonical import from_live
+
         reqs = self.scheduler.requests
         chunks = {rid: reqs[rid].is_prefill_chunk for rid in so.num_scheduled_tokens
                   if rid in reqs}
@@ -252,6 +269,82 @@ class Resim:
         if self.redacted:
             rec, run = _mask(rec), _mask(run)
         self._pending[step] = [so, chunks, first_difference(rec, run)]
+
+    def _schedule_logged(self, step: int, plain: dict) -> None:
+        """An input log's step: the calls logged since the last one (the break hook sees
+        them first), then schedule() with its logged arguments."""
+        pending = self._pending_calls()
+        if step == self.break_at:
+            stop = debug.Break(step, self.scheduler, pending + [debug.Pending("schedule")],
+                               plain, list(self.inputs.finishes.get(step, [])), self)
+            self._in_hook = True
+            try:
+                self.hook(stop)
+            finally:
+                self._in_hook = False
+            pending = [p for p in stop.pending if p.call != "schedule"]
+        self._feed(pending)
+        self._args = self.inputs.schedule_args.get(step, self._args)
+        args, kwargs = self._args
+        self._compare(step, plain, self.scheduler.schedule(*args, **kwargs))
+
+    def _pending_calls(self) -> list:
+        """The queued input-log calls as debug.Pending entries (adds with their Request)."""
+        out = []
+        for c in self._queue:
+            if c.kind == "add":
+                row = self.inputs.added.row(c.data)
+                out.append(debug.Pending("add_request", self.requests.from_added(
+                    row, self.rebuilt.decode, self._others(row))))
+            elif c.kind == "abort":
+                out.append(debug.Pending("finish_requests", args=(c.req_id, c.status)))
+            else:
+                name = ("update_draft_token_ids" if c.kind == "drafts"
+                        else "update_draft_token_ids_in_output")
+                out.append(debug.Pending(name, args=c.data))
+        self._queue = []
+        return out
+
+    def _others(self, row: dict) -> dict:
+        """The logged Request arguments without a column, those the installed Request takes
+        (a value it cannot take as plain data is left at its default, with a note)."""
+        import json
+
+        out = {}
+        for k, v in json.loads(row["other_json"] or "{}").items():
+            if k not in self._given:
+                self.notes_once(f"Request argument {k}: logged, but the installed vLLM's "
+                                "Request lacks it: left out")
+            elif is_opaque(v) or (isinstance(v, dict) and "__type__" in v):
+                self.notes_once(f"Request argument {k}: not plain data in the log: left at "
+                                "its default")
+            else:
+                out[k] = v
+        return out
+
+    def notes_once(self, text: str) -> None:
+        if text not in self.summary_.notes:
+            self.summary_.notes.append(text)
+
+    def _feed(self, pending: list) -> None:
+        from vllm.v1.outputs import DraftTokenIds
+
+        for p in pending:
+            if p.call == "add_request":
+                if p.request.request_id not in self.scheduler.requests:  # else diverged
+                    self.scheduler.add_request(p.request)
+            elif p.call == "finish_requests":
+                self._abort(Call("abort", -1, *p.args))
+            elif p.call == "update_draft_token_ids":
+                req_ids, lists, _ = p.args
+                self.scheduler.update_draft_token_ids(DraftTokenIds(list(req_ids),
+                                                                    [list(x) for x in lists]))
+            elif p.call == "update_draft_token_ids_in_output":
+                req_ids, lists, into = p.args
+                held = self._pending.get(into)
+                if held is not None:
+                    self.scheduler.update_draft_token_ids_in_output(
+                        DraftTokenIds(list(req_ids), [list(x) for x in lists]), held[0])
 
     def _break(self, step: int, new: list) -> list:
         """The hook, given what the step is about to feed; the requests to add after it."""
@@ -299,10 +392,20 @@ class Resim:
         if not RequestStatus.is_finished(status):
             status = RequestStatus.FINISHED_ABORTED
         if call.req_id not in self.scheduler.requests:
+            if self.inputs.logged:  # finished already, or never added: vLLM ignores it
+                return
             self.scheduler.add_request(self.requests.phantom(call.req_id))
         # one id a call: with several, finish_requests frees them in set order, which is
         # PYTHONHASHSEED's, and the block ids handed out next would follow it
         self.scheduler.finish_requests(call.req_id, status)
+
+
+def _request_params() -> set[str]:
+    import inspect
+
+    from vllm.v1.request import Request
+
+    return set(inspect.signature(Request.__init__).parameters) - {"self"}
 
 
 def _findings(rec: record.Recorded) -> dict:
@@ -319,18 +422,28 @@ def _open(trace_path: str | Path, engine: str | None):
 def resim(trace_path: str | Path, engine: str | None = None, scheduler_cls: str | None = None,
           overrides: dict | None = None, *, break_at: int | None = None,
           break_hook: Any = None, until: int | None = None,
-          out: str | Path | None = None, whatif: bool = False) -> Resim:
+          out: str | Path | None = None, whatif: bool = False,
+          arrivals: str = "step") -> Resim:
     """Re-run the installed vLLM Scheduler (or `scheduler_cls`, "module:Class") on a recorded
     trace; `overrides`: manifest engine settings to change (build.SETTINGS). `break_at`: call
     `break_hook` (a callable or "module:function"; default pdb) with a debug.Break just before
     that step's schedule(); `until`: stop after that step; `out`: record the re-run into a new
     trace there and run the catalog on it. `whatif`: divergence expected (docs/resim.md,
     "What-if runs"): the re-run goes on until every request has finished and the summary's
-    `whatif` compares it with the recording. Raises TraceError for unusable input."""
+    `whatif` compares it with the recording; `arrivals` ("step" or "time") how a what-if run
+    places the requests (docs/resim.md). Raises TraceError for unusable input."""
     from vllm_contract.replay.worker.rebuild import rebuild
 
+    if arrivals not in ("step", "time"):
+        raise TraceError(f"--arrivals {arrivals}: use step or time")
+    if arrivals == "time" and not whatif:
+        raise TraceError("--arrivals time is for a what-if run (--set or --scheduler-cls): "
+                         "a re-run of the recording adds each request where it was added")
     eng = _open(trace_path, engine)
     inputs = derive(eng)
+    if arrivals == "time" and not inputs.logged:
+        raise TraceError("--arrivals time needs the recorded arrival times: the trace has no "
+                         "input log (format 2 or before)")
     debug.check_step("--break-at", break_at, inputs.plains)
     debug.check_step("--until", until, inputs.plains)
     if break_at is not None and until is not None and break_at > until:
@@ -341,11 +454,12 @@ def resim(trace_path: str | Path, engine: str | None = None, scheduler_cls: str 
     if out is not None:
         record.refuse_used(Path(out))
     settings = building.settings_of(eng, overrides)
-    if eng.manifest.get("redacted_prompts") and settings.get("enable_prefix_caching"):
+    if (eng.manifest.get("redacted_prompts") and settings.get("enable_prefix_caching")
+            and not inputs.logged):
         raise TraceError("the trace was recorded with redacted prompts and prefix caching on: "
                          "cache hits depend on the prompt tokens, which the trace lacks")
     cls, name = building.scheduler_class(scheduler_cls, eng, inputs.in_flight)
-    notes = [DERIVED]
+    notes = [log.NOTE if inputs.logged else DERIVED]
     recorded = (eng.manifest.get("engine") or {}).get("scheduler_class")
     if recorded and recorded != name.replace(":", "."):
         notes.append(f"recorded with {recorded}; re-run with {name}")
@@ -358,14 +472,17 @@ def resim(trace_path: str | Path, engine: str | None = None, scheduler_cls: str 
                      + "; ".join(rebuilt.drift))
     built = building.build(settings, cls, name, inputs.structured)
     # a manifest older than these settings: the re-run takes vLLM's defaults for them
-    notes.append("not recorded, so vLLM's defaults: "
-                 + ", ".join(built.unrecorded + ["cache salts"]))
+    unrecorded = built.unrecorded + ([] if inputs.logged else ["cache salts"])
+    if unrecorded:
+        notes.append("not recorded, so vLLM's defaults: " + ", ".join(unrecorded))
     source = {"trace": str(trace_path), "engine": eng.name, "scheduler_class": name,
               "overrides": {k: v if v is None or isinstance(v, (bool, int, float, str))
                             else str(v) for k, v in (overrides or {}).items()}}
     if whatif:
-        notes.append("what-if run: arrivals at the recording's step index, aborts before the "
+        where = ("arrivals by recorded arrival time on a clock advanced by the recorded step "
+                 "durations" if arrivals == "time" else "arrivals at the recording's step index")
+        notes.append(f"what-if run: {where}, aborts before the "
                      "step the recording fed them before, one batch in flight, no drafts; a "
                      "request is finished when it has used all its recorded outputs")
     return Resim(eng, inputs, built, rebuilt, notes, break_at, hook, until,
-                 None if out is None else Path(out), source, whatif)
+                 None if out is None else Path(out), source, whatif, arrivals)

@@ -142,9 +142,15 @@ def recorded_side(inputs) -> dict:
             given[step].add(rid)
     aborted = abort_steps(inputs)
     facts, arrivals = [], []
+    if inputs.added is not None:  # where each request was added: it waited from there
+        first = min(inputs.plains)
+        t = inputs.added.table
+        arrivals = [(max(first, s + 1), rid) for s, rid in zip(t["step"].to_pylist(),
+                                                               t["req_id"].to_pylist())]
     for s in sorted(inputs.plains):
         plain = inputs.plains[s]
-        arrivals += [(s, r["req_id"]) for r in plain["scheduled_new_reqs"]]
+        if inputs.added is None:  # derived: a request arrives where it is first scheduled
+            arrivals += [(s, r["req_id"]) for r in plain["scheduled_new_reqs"]]
         ended = [rid for rid, _ in inputs.finishes.get(s, [])]
         ended += [c.req_id for c in aborted.get(s + 1, [])]
         facts.append(Facts(s, plain, given[s], ended))
@@ -191,9 +197,20 @@ class Driver:
     def __init__(self, rs) -> None:
         self.rs, self.sched, self.inputs = rs, rs.scheduler, rs.inputs
         self.aborts = abort_steps(rs.inputs)
-        # the steps that introduce a request: their canonical form is made when reached
-        self.arrivals: dict[int, None] = dict.fromkeys(
-            sorted({s for steps in rs.inputs.intro.values() for s in steps}))
+        added = rs.inputs.added
+        if added is not None:  # the input log: each add where it came (or by its time)
+            times = []
+            if rs.arrivals == "time":
+                t = rs.engine.read("steps", ["step", "t_ns"]).to_pylist()
+                times = [r["t_ns"] for r in sorted(t, key=lambda r: r["step"])]
+            first = min(rs.inputs.plains)
+            self.arrivals: dict[int, Any] = {}
+            for k, seqs in sorted(added.arrival_steps(rs.arrivals, times).items()):
+                self.arrivals.setdefault(max(k, first), []).extend(seqs)
+        else:
+            # the steps that introduce a request: their canonical form is made when reached
+            self.arrivals = dict.fromkeys(
+                sorted({s for steps in rs.inputs.intro.values() for s in steps}))
         self.queue: list[tuple[int, Any]] = []  # (step, Request) not added yet
         self.facts: list[Facts] = []
         self.added: list[tuple[int, str]] = []
@@ -203,7 +220,27 @@ class Driver:
     def _events_after(self, step: int) -> list[int]:
         return [s for s in list(self.arrivals) + list(self.aborts) if s > step]
 
+    def _feed(self, step: int) -> None:
+        """The aborts and arrivals due before `step`'s schedule(); with an input log in their
+        recorded order (an abort and a re-add of its id at one step), else aborts first."""
+        if self.inputs.added is None:
+            for call in self.aborts.pop(step, []):
+                self._abort(call)
+            self._arrive(step)
+        else:
+            due = [(seq, None) for seq in self.arrivals.pop(step, [])]
+            due += [(c.data, c) for c in self.aborts.pop(step, [])]
+            for seq, call in sorted(due, key=lambda d: d[0]):
+                if call is not None:
+                    self._abort(call)
+                    continue
+                row = self.inputs.added.row(seq)
+                self.queue.append((step, self.rs.requests.from_added(
+                    row, self.rs.rebuilt.decode, self.rs._others(row))))
+        self._admit(step)
+
     def _arrive(self, step: int) -> None:
+        """Derived inputs: the requests the recording introduced at `step`, rebuilt."""
         if step in self.arrivals:
             del self.arrivals[step]
             plain = self.inputs.plains[step]
@@ -211,6 +248,8 @@ class Driver:
                 if self.rs.redacted:
                     nr.prompt_token_ids = [FILLER] * self.rs._prompt_len(step, nr.req_id)
                 self.queue.append((step, self.rs.requests.from_new(nr)))
+
+    def _admit(self, step: int) -> None:
         waiting, self.queue = self.queue, []
         blocked: set[str] = set()
         for s, req in waiting:  # a reused id waits for its earlier request to finish
@@ -221,22 +260,37 @@ class Driver:
                 self.sched.add_request(req)
                 self.added.append((step, req.request_id))
 
-    def _abort(self, step: int) -> None:
+    def _abort(self, call: Any) -> None:
         from vllm.v1.request import RequestStatus
 
-        for call in self.aborts.pop(step, []):
-            queued = [q for q in self.queue if q[1].request_id == call.req_id]
-            if queued:  # never added in the re-run: it ends unscheduled
-                self.queue.remove(queued[0])
-                continue
-            if call.req_id not in self.sched.requests:
-                continue  # finished already, or never scheduled in the recording either
-            status = RequestStatus.__members__.get(call.status or "")
-            if status is None or not RequestStatus.is_finished(status):
-                status = RequestStatus.FINISHED_ABORTED
-            self.sched.finish_requests(call.req_id, status)
-            if self.facts:
-                self.facts[-1].ended.append(call.req_id)
+        queued = [q for q in self.queue if q[1].request_id == call.req_id]
+        if queued:  # never added in the re-run: it ends unscheduled
+            self.queue.remove(queued[0])
+            return
+        if call.req_id not in self.sched.requests:
+            # finished already, never scheduled in the recording either, or (arrivals by
+            # time) not arrived yet: then it never does
+            self._cancel(call)
+            return
+        status = RequestStatus.__members__.get(call.status or "")
+        if status is None or not RequestStatus.is_finished(status):
+            status = RequestStatus.FINISHED_ABORTED
+        self.sched.finish_requests(call.req_id, status)
+        if self.facts:
+            self.facts[-1].ended.append(call.req_id)
+
+    def _cancel(self, call: Any) -> None:
+        """An abort of an add still to come (arrivals by time): that add is not made."""
+        added = self.inputs.added
+        if added is None:
+            return
+        for step, seqs in list(self.arrivals.items()):
+            for seq in seqs:
+                if seq < call.data and added.req_id(seq) == call.req_id:
+                    seqs.remove(seq)
+                    if not seqs:
+                        del self.arrivals[step]
+                    return
 
     def steps(self) -> Iterator[tuple[int, dict]]:
         """(step, the re-run's canonical SchedulerOutput) for each step run."""
@@ -244,8 +298,7 @@ class Driver:
         step, limit = min(plains), min(plains) + _LIMIT_FACTOR * len(plains) + _LIMIT_MARGIN
         empty = 0
         while True:
-            self._abort(step)
-            self._arrive(step)
+            self._feed(step)
             if not self.sched.get_num_unfinished_requests() and not self.queue:
                 later = self._events_after(step)
                 if not later:
@@ -339,7 +392,10 @@ def _abort_statuses(inputs) -> dict[tuple[str, int], str]:
     out = {}
     for c in inputs.calls:
         if c.kind == "abort" and c.status:
-            k = sum(1 for s in intro.get(c.req_id, []) if s <= c.step) - 1
+            if inputs.added is not None:  # incarnations are adds (log.py)
+                k = inputs.added.incarnation_at(c.req_id, c.data)
+            else:
+                k = sum(1 for s in intro.get(c.req_id, []) if s <= c.step) - 1
             if k >= 0:
                 out[(c.req_id, k)] = c.status
     return out

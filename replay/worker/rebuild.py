@@ -14,6 +14,8 @@ evaluated. vLLM is imported inside functions only: the reading side must import 
 
 from __future__ import annotations
 
+import json
+
 import dataclasses
 import enum
 import types
@@ -366,6 +368,18 @@ class Rebuilt:
         """Every note in one message, or None when the rebuild is exact."""
         notes = self.notes
         return None if not notes else "rebuilt with gaps: " + "; ".join(notes)
+
+    def decode(self, text: str | None) -> Any:
+        """An object of the installed vLLM from a plain-data JSON column (sampling parameters,
+        a LoRA request, multimodal features); an opaque value is None, with a note."""
+        if text is None:
+            return None
+        try:
+            return self._decoder.value(json.loads(text), None)
+        except _Opaque as o:
+            self._notes.add(("decode", str(o), "opaque"), f"{o}: opaque in the trace: set to "
+                            "None")
+            return None
 
     def _values(self, name: str, plain: dict) -> dict:
         rec = self.recorded[name]

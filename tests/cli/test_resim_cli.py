@@ -1,5 +1,5 @@
 """`vllm-contract resim` on the command line: exit 0 identical, 1 diverged, 2 unusable input
-with one line on stderr and no traceback; the table and JSON outputs; the derived-inputs note."""
+with one line on stderr and no traceback; the table and JSON outputs; the input-log note."""
 
 from __future__ import annotations
 
@@ -17,10 +17,12 @@ import resimkit
 @pytest.fixture(scope="module")
 def traces(tiny_model, tmp_path_factory):
     """A clean recording, the same scenario recorded with a buggy subclass, and one recorded
-    with redacted prompts (prefix caching on, as the scenario has it)."""
+    with redacted prompts (prefix caching on, as the scenario has it) as a recorder without
+    the input log wrote it (no salted block hashes)."""
     root = tmp_path_factory.mktemp("resim-cli")
     scenarios.run("id_reuse", tiny_model, root / "good")
-    scenarios.run("id_reuse", tiny_model, root / "redacted", redact_prompts=True)
+    scenarios.run("id_reuse", tiny_model, root / "redacted-log", redact_prompts=True)
+    resimkit.without_input_log(root / "redacted-log", root / "redacted")
     with resimkit.bug_scheduler(root, "cli_bug_sched") as bug:
         resimkit.record_with(bug, "id_reuse", tiny_model, root / "bug")
         yield root
@@ -35,7 +37,7 @@ def test_identical_exits_0_with_the_note_first(traces):
     assert r.exit_code == 0, (r.stdout, r.stderr)
     lines = r.stdout.splitlines()
     assert lines[1].endswith("steps identical (100.0 %)") and len(lines) == 2
-    assert "note: inputs derived from the recorded outputs" in r.stderr
+    assert "note: inputs from the recorded input log" in r.stderr
     r = _invoke(traces / "good", "--format", "json")
     out = json.loads(r.stdout)
     assert r.exit_code == 0 and out["identical"] and out["first_divergence"] is None
@@ -66,7 +68,8 @@ def _two_engines(src, dst):
 
 
 def _priority(src, dst):
-    shutil.copytree(src, dst)
+    """A priority-policy trace without an input log: its priorities were never recorded."""
+    resimkit.without_input_log(src, dst)
     path = next((dst / "_engines").iterdir()) / "manifest.json"
     m = json.loads(path.read_text())
     m["engine"]["policy"] = "priority"

@@ -57,6 +57,16 @@ def test_every_scenario_re_runs_identically(recorded, name):
     assert summary.identical_steps == summary.steps  # 100 %
     assert [r.step for r in results] == list(range(len(results)))
     assert summary.scheduler_class == "vllm.v1.core.sched.scheduler:Scheduler"
+    assert summary.notes[0].startswith("inputs from the recorded input log")
+
+
+@pytest.mark.parametrize("name", SYNC)
+def test_a_trace_without_an_input_log_re_runs_from_derived_inputs(recorded, name, tmp_path):
+    """Format 2 had no input log: the calls are derived from the outputs, as identical."""
+    old = resimkit.without_input_log(recorded(name), tmp_path / "old")
+    summary, results = _all(old)
+    assert summary.first is None, summary.first.difference
+    assert summary.identical_steps == summary.steps == len(results) > 0
     assert summary.notes[0].startswith("inputs derived from the recorded outputs")
 
 
@@ -106,6 +116,53 @@ def test_unusable_input_is_one_line(recorded, tmp_path):
         replay.resim(trace, overrides={"num_gpu_blockz": 4})
     with pytest.raises(TraceError, match="does not exist here"):
         replay.resim(trace, overrides={"model": str(tmp_path / "gone")})
+
+
+def test_redacted_prompts_with_prefix_caching_re_run_from_salted_block_hashes(
+        tiny_model, tmp_path):
+    """Prefix-cache hits depend on the prompt tokens, which a redacted trace lacks: its input
+    log has each prompt block's hash, salted, and the re-run's requests carry those."""
+    from vllm_contract.recorder import attach
+    from vllm_contract.rig.harness import Harness
+
+    s = scenarios.SCENARIOS["prefix_cache"]
+    h = Harness(tiny_model, s.config)
+    with attach(h.scheduler, tmp_path / "t", redact_prompts=True):
+        s.drive(h)
+    summary, results = _all(tmp_path / "t")
+    assert summary.first is None, summary.first.difference
+    assert summary.identical_steps == summary.steps == len(results) > 0
+    hits = [r for r in replay.resim(tmp_path / "t").inputs.plains.items()
+            if any(n["num_computed_tokens"] for n in r[1]["scheduled_new_reqs"])]
+    assert hits  # the scenario's cache hits were re-run, not absent
+    old = resimkit.without_input_log(tmp_path / "t", tmp_path / "old")
+    with pytest.raises(TraceError, match="redacted prompts and prefix caching"):
+        replay.resim(old)
+
+
+def test_the_priority_policy_re_runs_from_the_logged_priorities(tiny_model, tmp_path):
+    """Priorities and arrival times are inputs only the log has: a priority-policy engine
+    whose queue order they decide re-runs identically, and without the log is refused."""
+    from vllm_contract.recorder import attach
+    from vllm_contract.rig.harness import Harness, HarnessConfig
+
+    h = Harness(tiny_model, HarnessConfig(policy="priority", max_num_seqs=2, num_blocks=64))
+    with attach(h.scheduler, tmp_path / "t"):
+        for i in range(6):
+            h.add(f"p{i}", scenarios.prompt(i, 30 + 9 * i), max_tokens=6, priority=(i * 5) % 3)
+        for _ in range(3):
+            h.step()
+        h.add("urgent", scenarios.prompt(9, 40), max_tokens=4, priority=-1)
+        h.run()
+    summary, results = _all(tmp_path / "t")
+    assert summary.first is None, summary.first.difference
+    assert summary.identical_steps == summary.steps == len(results) > 0
+    first = [n["req_id"] for _, p in replay.resim(tmp_path / "t").inputs.plains.items()
+             for n in p["scheduled_new_reqs"]]
+    assert first[:2] != ["p0", "p1"]  # the priorities, not the order of adds, decided
+    old = resimkit.without_input_log(tmp_path / "t", tmp_path / "old")
+    with pytest.raises(TraceError, match="priority scheduling policy"):
+        replay.resim(old)
 
 
 def test_redacted_prompts_re_run_identically_without_prefix_caching(tiny_model, tmp_path):

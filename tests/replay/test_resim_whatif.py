@@ -45,11 +45,11 @@ def _nearest_rank(values, q):
 
 def _expected(path, blocks, recording):
     """The measures from a trace's rows: steps up to the last that scheduled a token, rows of
-    `preempted`, per-step token totals, first token's step counted from the step the
-    recording first scheduled the request (its arrival in both runs), and the KV blocks in use
-    (vLLM's kv_usage, recorded after each schedule(), times the usable blocks: all but the
-    null block)."""
-    arrival = {r["req_id"]: r["step"] for r in _rows(recording, "requests", ["step", "req_id"])}
+    `preempted`, per-step token totals, first token's step counted from the request's
+    arrival in both runs (the step after the one the recording's input log added it after),
+    and the KV blocks in use (vLLM's kv_usage, recorded after each schedule(), times the
+    usable blocks: all but the null block)."""
+    arrival = {r["req_id"]: r["step"] + 1 for r in _rows(recording, "added", ["step", "req_id"])}
     steps = _rows(path, "steps", ["step", "total_num_scheduled_tokens", "kv_usage"])
     busy = [r["step"] for r in steps if r["total_num_scheduled_tokens"]]
     tokens = [r["total_num_scheduled_tokens"] for r in steps]
@@ -140,3 +140,51 @@ def test_a_request_past_its_recorded_outputs_is_finished_at_its_recorded_length(
     assert sorted((r["req_id"], r["reason"]) for r in fin) == [
         (f"c{i}", "FINISHED_ABORTED") for i in range(3)]
     assert s.whatif.rerun["requests"] == 3 and s.whatif.notes == []
+
+
+@pytest.fixture(scope="module")
+def late_trace(tiny_model, tmp_path_factory):
+    """A request stamped as arriving before the first step but added to the scheduler only
+    after step 2 (a frontend that held it): its arrival time and its add disagree."""
+    import time
+
+    from vllm_contract.recorder import attach
+    from vllm_contract.rig.harness import Harness, HarnessConfig
+
+    path = tmp_path_factory.mktemp("late") / "t"
+    h = Harness(tiny_model, HarnessConfig(max_num_batched_tokens=BUDGET))
+    with attach(h.scheduler, path):
+        stamped = time.time()
+        h.add("r0", scenarios.prompt(0, 100), max_tokens=20)
+        h.add("r1", scenarios.prompt(1, 100), max_tokens=20)
+        for _ in range(3):
+            h.step()
+        h.add("late", scenarios.prompt(2, 40), max_tokens=8, arrival_time=stamped)
+        h.run()
+    return path
+
+
+@pytest.mark.parametrize("arrivals, before_step", [("step", 3), ("time", 0)])
+def test_arrivals_follow_the_add_or_the_recorded_arrival_time(late_trace, tmp_path, arrivals,
+                                                              before_step):
+    run = replay.resim(late_trace, overrides={"max_num_batched_tokens": BUDGET // 2},
+                       whatif=True, out=tmp_path / "rerun", arrivals=arrivals)
+    list(run)
+    assert any(arrivals in n for n in run.notes if n.startswith("what-if run:"))
+    # the re-run's own input log says where its scheduler got the request
+    added = {r["req_id"]: r["step"] for r in _rows(tmp_path / "rerun", "added")}
+    assert added["late"] == before_step - 1
+    assert added["r0"] == added["r1"] == -1
+
+
+def test_arrivals_by_time_need_a_what_if_run_and_an_input_log(late_trace, tmp_path):
+    import resimkit
+
+    from vllm_contract.errors import TraceError
+
+    with pytest.raises(TraceError, match="--arrivals time is for a what-if run"):
+        replay.resim(late_trace, arrivals="time")
+    old = resimkit.without_input_log(late_trace, tmp_path / "old")
+    with pytest.raises(TraceError, match="no input log"):
+        replay.resim(old, whatif=True, overrides={"max_num_batched_tokens": 64},
+                     arrivals="time")
