@@ -50,6 +50,22 @@ def worker_state(scheduler: Any) -> dict:
             "finished_ids": len(getattr(scheduler, "finished_req_ids", ()) or ())}
 
 
+def kv_cache_state(scheduler: Any) -> dict | None:
+    """The KV block pool as a recording starts: a new engine's hands blocks out in id order
+    from an empty cache; one that has run before has its own free order (freed blocks go to
+    the back) and may hold cached prefixes. The free order is kept so that a re-run can start
+    from it (resim). Read once, at the start, never on a step."""
+    try:
+        pool = scheduler.kv_cache_manager.block_pool
+        free = [b.block_id for b in pool.free_block_queue.get_all_free_blocks()]
+        cached = sum(1 for b in pool.blocks if b.block_hash is not None)
+        fresh = free == sorted(free) and not cached and len(free) == pool.num_gpu_blocks - 1
+        return {"fresh": fresh, "cached_blocks": cached,
+                "free_blocks": None if fresh else free}
+    except Exception:  # another vLLM's block pool: unknown, and the engine runs on
+        return None
+
+
 class Recorder:
     """Handle returned by attach(); close() (or leaving the `with` block) stops and seals."""
 
@@ -88,6 +104,7 @@ class Recorder:
             # A worker attached mid-stream already holds requests we never saw introduced.
             "attached_mid_stream": mid,
             "worker_state_at_start": state,
+            "kv_cache_at_start": kv_cache_state(scheduler) if install else None,
             "worker_replayable": not self.redacted and not mid,
             # the scheduler's calls besides schedule() and update (tables inputs, added)
             "input_log": {"calls": ["add_request", "finish_requests", *_INPUTS[1:],
@@ -125,6 +142,7 @@ class Recorder:
             mid = bool(state["requests"] or state["finished_ids"])
             self.writer.update_manifest(
                 attached_mid_stream=mid, worker_state_at_start=state,
+                kv_cache_at_start=kv_cache_state(s),
                 worker_replayable=not self.redacted and not mid,
                 recording_started_at=time.time())
 

@@ -79,3 +79,16 @@ def without_input_log(trace: Path, copy: Path) -> Path:
         m["format_version"] = 2
         manifest.write_text(json.dumps(m))
     return copy
+
+
+def assert_re_runs_identically(trace: Path, engine: str | None = None):
+    """`resim` on a recording: from its input log, every step identical; the summary."""
+    from vllm_contract import replay
+
+    run = replay.resim(trace, engine)
+    results = list(run)
+    s = run.summary
+    assert s.first is None, s.first.difference
+    assert s.identical_steps == s.steps == len(results) > 0
+    assert s.notes[0].startswith("inputs from the recorded input log"), s.notes
+    return s

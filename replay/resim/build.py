@@ -158,6 +158,28 @@ def _kv_config(e: dict, vc: Any) -> Any:
                              kv_cache_groups=groups, prefix_cache_retention_interval=retention)
 
 
+def start_from(scheduler: Any, kv_at_start: dict | None) -> list[str]:
+    """Put the recorded free-block order (an engine that had run before the recording) in
+    the new scheduler's block pool; the notes on what cannot be."""
+    if not kv_at_start or kv_at_start.get("fresh") or not kv_at_start.get("free_blocks"):
+        return []
+    from vllm.v1.core.kv_cache_utils import FreeKVCacheBlockQueue
+
+    pool = scheduler.kv_cache_manager.block_pool
+    order = kv_at_start["free_blocks"]
+    if sorted(order) != list(range(1, pool.num_gpu_blocks)):
+        return ["the recording's free KV blocks at its start do not fit the re-run's block "
+                "pool: the re-run starts from a new engine's order"]
+    pool.free_block_queue = FreeKVCacheBlockQueue([pool.blocks[i] for i in order])
+    notes = ["the recording began on an engine that had run before: the re-run's block "
+             "pool starts in its recorded free order"]
+    if kv_at_start.get("cached_blocks"):
+        notes.append(f"{kv_at_start['cached_blocks']:,} KV blocks held prefixes cached before "
+                     "the recording: a cache hit on one is not re-run (the re-run starts with "
+                     "an empty cache)")
+    return notes
+
+
 def build(e: dict, cls: type, cls_name: str, structured: bool) -> Built:
     from vllm.utils.hashing import get_hash_fn_by_name
     from vllm.v1.core.kv_cache_utils import (get_request_block_hasher, init_none_hash,

@@ -471,6 +471,8 @@ def resim(trace_path: str | Path, engine: str | None = None, scheduler_cls: str 
                      f"{rebuilt.installed_version}, whose classes differ: "
                      + "; ".join(rebuilt.drift))
     built = building.build(settings, cls, name, inputs.structured)
+    if not overrides or not {"num_kv_blocks", "block_size"} & set(overrides):
+        notes += building.start_from(built.scheduler, eng.manifest.get("kv_cache_at_start"))
     # a manifest older than these settings: the re-run takes vLLM's defaults for them
     unrecorded = built.unrecorded + ([] if inputs.logged else ["cache salts"])
     if unrecorded:

@@ -29,6 +29,7 @@ from vllm_contract.trace import open_trace
 from vllm_contract.rig import scenarios
 
 import live_child  # tests/: the child engine script and how to start it
+import resimkit
 
 CHILD = live_child.PATH
 CLI = [str(Path(sys.executable).with_name("vllm-contract"))]  # the installed console script
@@ -150,6 +151,7 @@ def test_running_mp_engine_env_var_attach_detach_and_shutdown(tiny_model, tmp_pa
         # a model on the CPU: the writer thread by default (recorder/armed.py says why)
         assert ea.manifest["writer"]["process"] is False
         assert_complete(ea, a, "MultiprocExecutor")
+        resimkit.assert_re_runs_identically(t["a"])  # the engine core's scheduler, re-run
 
         phase("b", 2)  # not recorded
         r = cli("attach", core, "--out", t["c"], env=cenv)
@@ -163,6 +165,7 @@ def test_running_mp_engine_env_var_attach_detach_and_shutdown(tiny_model, tmp_pa
         assert_complete(ec, c, "MultiprocExecutor")
         assert ec.manifest["started_by"] == "vllm-contract attach"
         assert ec.manifest["attached_mid_stream"] is False  # the engine was idle at attach
+        resimkit.assert_re_runs_identically(t["c"])
 
         waiter = subprocess.Popen(CLI + ["attach", str(core), "--out", str(t["d"]),
                                          "--steps", "5"], env=cenv, stdout=subprocess.PIPE,

@@ -1,9 +1,10 @@
 """The README's served-engine recipe, run as written: the block after the `serve-recipe` marker
 in README.md. Its server starts on 127.0.0.1 (the port swapped for a free one, `my-trace` for a
-temporary directory), answers the README's request and a few more (one streamed) sent with the
-standard library, stops on SIGINT to its process group (what Ctrl-C in its terminal sends), and
-the README's `check` finds nothing. The server's log says when recording started and stopped.
-Real CPU vLLM, nothing mocked."""
+temporary directory), answers the README's request and a few more (one streamed, one stream
+its client cancels mid-way) sent with the standard library, stops on SIGINT to its process
+group (what Ctrl-C in its terminal sends), and the README's `check` finds nothing; `resim`
+re-makes every decision of the server's scheduler. The server's log says when recording
+started and stopped. Real CPU vLLM, nothing mocked."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from pathlib import Path
 from vllm_contract.trace import open_trace
 
 import live_child  # tests/: the environment a child engine gets
+import resimkit
 
 ROOT = Path(__file__).resolve().parents[2]
 MARKER = "<!-- serve-recipe:"
@@ -130,12 +132,25 @@ def test_readme_serve_recipe_records_a_clean_trace(tiny_model, tmp_path):
         text = "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
         answers[chunks[0]["id"]] = chunks[-1]["usage"]
         assert text and len(answers) == 4
+        # A client that goes away mid-stream: the server aborts its request in the engine.
+        long = {**readme_body, "prompt": "cancel me", "max_tokens": 480, "ignore_eos": True,
+                "stream": True}
+        r = urllib.request.urlopen(post(port, m.group(2), long), timeout=60)
+        got = []
+        for raw in r:
+            line = raw.decode().strip()
+            if line.startswith("data: "):
+                got.append(json.loads(line[6:]))
+                if len(got) == 3:
+                    break
+        cancelled = got[0]["id"]
+        r.close()
 
         # A person presses Ctrl-C at an idle server, not in the instant between the last
         # answer and the step that hands its finished id to the worker: a SIGINT mid-step
         # stops vLLM's worker before it answers, and its engine core, waiting, is killed.
         end = time.time() + 60
-        while not idle(trace, answers):
+        while not idle(trace, {**answers, cancelled: None}):
             assert server.poll() is None and time.time() < end, tail()
             time.sleep(0.2)
         os.killpg(server.pid, signal.SIGINT)  # Ctrl-C in the server's terminal
@@ -163,11 +178,19 @@ def test_readme_serve_recipe_records_a_clean_trace(tiny_model, tmp_path):
     sampled: dict[str, int] = {}
     for row in engine.read("model_outputs").to_pylist():
         sampled[row["req_id"]] = sampled.get(row["req_id"], 0) + len(row["sampled_token_ids"])
-    assert len(requests) == len(answers) == 4
+    assert len(requests) == len(answers) + 1 == 5
     for rid, usage in answers.items():
         (req_id,) = [k for k in requests if k.startswith(rid + "-")]
         assert requests[req_id]["prompt_len"] == usage["prompt_tokens"]
         assert sampled[req_id] == usage["completion_tokens"]
+    # The cancelled stream: aborted in the engine before its 480 tokens.
+    (gone,) = [k for k in requests if k.startswith(cancelled + "-")]
+    assert 3 <= sampled[gone] < 480
+    assert (gone, "FINISHED_ABORTED", "finish_requests") in {
+        (f["req_id"], f["reason"], f["source"]) for f in engine.read("finish_events").to_pylist()}
+    # The server's scheduler re-run on the recording: every decision the same, the abort
+    # fed where the server made it.
+    resimkit.assert_re_runs_identically(trace)
 
     # The server's log says recording is on, where and for which engine, and when it stopped;
     # vLLM's warning about our variable is gone.

@@ -1,5 +1,6 @@
 """A real vLLM engine (CPU build, in-process) recorded with attach(): the trace equals what the
-scheduler produced, step by step, and the sampled tokens equal what the engine returned."""
+scheduler produced, step by step, the sampled tokens equal what the engine returned, and
+`resim` re-makes its scheduler's every decision."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from vllm_contract.replay.worker import canonical
 from vllm_contract.trace import open_trace
 from vllm_contract.rig.engine import demo_workload, params, scheduler_of
 from vllm_contract.rig.scenarios import prompt
+
+import resimkit
 
 
 def _sampled_by_request(engine) -> dict[str, list[int]]:
@@ -32,6 +35,9 @@ def test_generate_tokens_equal_recorded_samples(cpu_llm, tmp_path):
     # does not need determinism anyway.
     sampling = [params(120), params(130, temperature=0.8), params(140, temperature=1.0, top_k=20),
                 params(100), params(150, temperature=0.5), params(90)]
+    # The engine is shared with other tests: its free-block order is theirs (the recording
+    # keeps it for resim); a hit on a prefix they cached would be theirs too, so none is left.
+    assert cpu_llm.reset_prefix_cache()
     with attach(scheduler_of(cpu_llm), tmp_path):
         results = cpu_llm.generate(prompts, sampling, use_tqdm=False)
     engine = open_trace(tmp_path).engines[0]
@@ -45,6 +51,8 @@ def test_generate_tokens_equal_recorded_samples(cpu_llm, tmp_path):
     steps = engine.read("scheduled").to_pylist()
     assert any(s["kind"] == "resumed" for s in steps)
     assert engine.read("preempted").num_rows > 0
+    # The engine's scheduler re-run on the recording makes every decision it made.
+    resimkit.assert_re_runs_identically(tmp_path)
 
 
 def test_engine_trace_is_lossless(cpu_llm, tmp_path):
