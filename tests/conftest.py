@@ -10,6 +10,12 @@ import pytest
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CONTRACT_CACHE", str(Path(__file__).resolve().parents[1] / ".cache"))
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+# vLLM's CPU worker binds its OpenMP threads itself ("auto"), to fewer cores in a multiprocess
+# engine than in-process; bf16 matmuls summed over another thread count can flip a greedy
+# near-tie (seen on AMX machines), so that a recording made in one mode and replayed in the
+# other diverges for no fault of either. Every engine here, children too, binds the same cores.
+os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND",
+                      ",".join(map(str, sorted(os.sched_getaffinity(0)))))
 
 
 def _require_vllm() -> None:

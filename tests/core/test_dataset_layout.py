@@ -42,7 +42,8 @@ def test_layout_is_one_dataset_per_table_and_manifests_apart(fleet):
     assert len(set(names)) == 3 and not any(n.startswith("engine=") for n in names)
     for e in trace.engines:
         assert e.dir == fleet / schema.ENGINES_DIR / f"engine={e.name}"
-        assert json.loads((e.dir / schema.MANIFEST).read_text())["format_version"] == 2
+        assert json.loads((e.dir / schema.MANIFEST).read_text())["format_version"] == (
+            schema.FORMAT_VERSION)
     assert sorted(p.name for p in fleet.iterdir()) == sorted(
         [schema.ENGINES_DIR, *schema.TABLE_NAMES])
     for table in schema.TABLE_NAMES:

@@ -400,6 +400,11 @@ def test_a_real_worker_marks_an_altered_token_goes_back_and_cancels(demo_trace, 
         # be too few to catch it running), cancelled while its progress shows; the app goes on
         await pilot.press("g")
         await until(pilot, lambda: at(0), timeout=120)
+        # a fast machine replays the whole tiny trace between two looks: the worker's own
+        # steps, unchanged, are spaced out here so that the replay can be caught running
+        rw = app.session.worker.w
+        real_step = rw.step
+        rw.step = lambda: (time.sleep(0.005), real_step())[1]
         await pilot.press("G")
         await until(pilot, lambda: pane.has_class("replaying"), timeout=60)
         await pilot.press("escape")
