@@ -57,9 +57,13 @@ class Call:
 def _by_step(table: pa.Table) -> tuple[pa.Table, np.ndarray]:
     """The rows with a step, stably sorted by it (each step's rows keep their stored order),
     and the step column as an array to bisect."""
-    table = table.filter(pc.is_valid(table["step"]))
-    table = table.take(pc.sort_indices(table, [("step", "ascending")]))
-    return table, table["step"].to_numpy()
+    if table["step"].null_count:
+        table = table.filter(pc.is_valid(table["step"]))
+    steps = table["step"].to_numpy()
+    if len(steps) > 1 and not (np.diff(steps) >= 0).all():  # as written, mostly: no copy then
+        table = table.take(pc.sort_indices(table, [("step", "ascending")]))
+        steps = table["step"].to_numpy()
+    return table, steps
 
 
 def _window(table: pa.Table, steps: np.ndarray, lo: int, hi: int) -> pa.Table:
@@ -75,21 +79,95 @@ def _rows(table: pa.Table) -> Iterator[dict]:
 class _Window:
     """An engine trace seen through steps lo..hi-1, for canonical.from_trace."""
 
-    def __init__(self, tables: dict, lo: int, hi: int) -> None:
-        self.tables, self.lo, self.hi = tables, lo, hi
+    def __init__(self, streams: dict, lo: int, hi: int) -> None:
+        self.streams, self.lo, self.hi = streams, lo, hi
 
     def read(self, table: str, columns: list[str] | None = None) -> pa.Table:
-        t = _window(*self.tables[table], self.lo, self.hi)
+        t = self.streams[table].window(self.lo, self.hi)
         return t if columns is None else t.select(columns)
+
+
+def _parts(engine, table: str) -> Iterator[pa.Table]:
+    """A table's rows a part at a time in stored order: a stream segment whole (at most the
+    recorder's segment size), a Parquet segment a row group at a time once its pages pass
+    their checksums (one that fails is read whole, as the reader notes it)."""
+    import pyarrow.parquet as pq
+
+    from vllm_contract import schema
+
+    for path in engine.segments(table):
+        if path.suffix == schema.PARQUET_SUFFIX and engine.verify(path):
+            f = pq.ParquetFile(path)
+            for i in range(f.num_row_groups):
+                yield f.read_row_group(i)
+            continue
+        part = engine.segment(path)
+        if part is not None:
+            yield part
+
+
+class _Stream:
+    """One table's rows for steps lo..hi-1, read forward a part at a time and let go of once
+    the run has passed them: memory is a few parts, not the table. Rows are written in step
+    order but for those an update writes (a later flush, with batches in flight), so parts are
+    read until one starts at least a window past the rows asked for. Asked for an earlier
+    window (a what-if run's recorded side, a break hook's look back), it reads from the start
+    again."""
+
+    def __init__(self, engine, table: str) -> None:
+        self.engine, self.table = engine, table
+        self._restart()
+
+    def _restart(self) -> None:
+        self._parts = _parts(self.engine, self.table)
+        self._held: list[tuple[pa.Table, np.ndarray]] = []  # each sorted by step, its steps
+        self._last_start: int | None = None  # the first step of the part read last
+        self._done = False
+        self._lo = None
+
+    def _more(self, until: int) -> None:
+        while not self._done and (self._last_start is None or self._last_start < until):
+            part = next(self._parts, None)
+            if part is None:
+                self._done = True
+                break
+            if part.num_rows:
+                part, steps = _by_step(part)
+                if len(steps):
+                    self._held.append((part, steps))
+                    self._last_start = int(steps[0])
+
+    def window(self, lo: int, hi: int) -> pa.Table:
+        if self._lo is not None and lo < self._lo:
+            self._restart()
+        self._lo = lo
+        self._more(hi + WINDOW)
+        # what the run has passed is let go (a whole part: a slice would keep its buffers)
+        self._held = [(t, st) for t, st in self._held if st[-1] >= lo]
+        slices = [_window(t, st, lo, hi) for t, st in self._held]
+        slices = [x for x in slices if x.num_rows]
+        if not slices:
+            return schema_empty(self.table)
+        if len(slices) == 1:
+            return slices[0]
+        t = pa.concat_tables(slices)
+        return t.take(pc.sort_indices(t, [("step", "ascending")]))
+
+
+def schema_empty(table: str) -> pa.Table:
+    from vllm_contract import schema
+
+    return schema.empty(schema.schema(table))
 
 
 class Plains:
     """The recording's canonical SchedulerOutput of each step, a mapping from step: built a
-    window of steps at a time when a step of it is asked for, the window before dropped."""
+    window of steps at a time when a step of it is asked for, from the tables read forward
+    (_Stream), the window before dropped."""
 
     def __init__(self, engine, first: int, count: int) -> None:
         self.first, self.count = first, count
-        self._tables = {t: _by_step(engine.read(t)) for t in _CANONICAL}
+        self._streams = {t: _Stream(engine, t) for t in _CANONICAL}
         self._lo: int | None = None
         self._window: dict[int, dict] = {}
 
@@ -108,7 +186,7 @@ class Plains:
         lo = self.first + (step - self.first) // WINDOW * WINDOW
         if lo != self._lo:
             self._window = {}  # the steps before are compared: let them go first
-            self._window = dict(canonical.from_trace(_Window(self._tables, lo, lo + WINDOW)))
+            self._window = dict(canonical.from_trace(_Window(self._streams, lo, lo + WINDOW)))
             self._lo = lo
         return self._window[step]
 
@@ -192,7 +270,7 @@ class Inputs:
     plains: Plains  # step -> canonical SchedulerOutput of the recording
     outputs: Outputs
     finishes: dict[int, list[tuple[str, str]]]  # step -> its update's finishes, sorted
-    scheduled: pa.Table  # step, req_id, num_scheduled_tokens, spec_token_ids: for drafts
+    engine: Any  # the recording (an EngineTrace): derived drafts read its scheduled rows
     in_flight: int
     structured: bool  # a request uses structured output: the tokenizer is needed
     intro: dict[str, list[int]] = field(default_factory=dict)  # req_id -> steps it is new at
@@ -209,7 +287,7 @@ class Inputs:
         """req_id -> (the steps that schedule it, its spec tokens there); built when first
         asked for (a run that gives drafts back)."""
         if self._spec is None:
-            self._spec = _spec(self.scheduled)
+            self._spec = _spec(_scheduled(self.engine))
         return self._spec
 
     def next_drafts(self, req_id: str, step: int) -> list[int]:
@@ -313,17 +391,23 @@ def _outputs(engine, intro: dict[str, list[int]]) -> Outputs:
     return out
 
 
-def _scheduled(plains: Plains) -> pa.Table:
-    """The scheduled rows of the recorded steps, in step order: the canonical form's own
-    columns, not read a second time."""
-    table, steps = plains._tables["scheduled"]
-    table = _window(table, steps, plains.first, plains.first + plains.count)
-    return table.select(["step", "req_id", "kind", "pos", "num_scheduled_tokens",
-                         "spec_token_ids"])
+def _scheduled(engine) -> pa.Table:
+    """The scheduled rows' columns the derived drafts read, in step order (read when a run
+    gives drafts back from a trace without an input log)."""
+    table, _ = _by_step(engine.read("scheduled", ["step", "req_id", "num_scheduled_tokens",
+                                                  "spec_token_ids"]))
+    return table
 
 
-def _intro(scheduled: pa.Table) -> dict[str, list[int]]:
-    new = scheduled.filter(pc.fill_null(pc.equal(scheduled["kind"], "new"), False))
+def _intro(engine) -> dict[str, list[int]]:
+    """req_id -> the steps that introduce it (scheduled as new), read a part at a time."""
+    news = []
+    for part in _parts(engine, "scheduled"):
+        part = part.select(["step", "req_id", "kind", "pos"])
+        news.append(part.filter(pc.fill_null(pc.equal(part["kind"], "new"), False)))
+    if not news:
+        return defaultdict(list)
+    new = pa.concat_tables(news)
     new = new.take(pc.sort_indices(new, [("step", "ascending"), ("pos", "ascending")]))
     intro: dict[str, list[int]] = defaultdict(list)
     for rid, s in zip(new["req_id"].to_pylist(), new["step"].to_pylist()):
@@ -365,8 +449,7 @@ def derive(engine) -> Inputs:
         raise TraceError(f"steps {step_ranges(gaps)} are absent from the trace: a re-run "
                          "cannot skip them")
     plains = Plains(engine, steps[0], len(steps))
-    scheduled = _scheduled(plains)
-    intro = _intro(scheduled)
+    intro = _intro(engine)
     finishes: dict[int, list[tuple[str, str]]] = defaultdict(list)
     for r in engine.read("finish_events", ["step", "req_id", "reason", "source"]).to_pylist():
         if r["source"] == "update_from_output":
@@ -377,5 +460,5 @@ def derive(engine) -> Inputs:
     incarnations = intro if added is None else added.incarnations()
     return Inputs(_calls(engine, known, entries), plains,
                   _outputs(engine, incarnations), {s: sorted(v) for s, v in finishes.items()},
-                  scheduled, most_in_flight(engine), _structured(engine), intro,
+                  engine, most_in_flight(engine), _structured(engine), intro,
                   added=added, schedule_args=args)

@@ -65,6 +65,14 @@ def idle(trace: Path, answers: dict) -> bool:
             and bool(steps) and set(steps) <= updates)
 
 
+def steps_on_disk(trace: Path) -> int:
+    try:
+        (engine,) = open_trace(trace).engines
+        return engine.read("steps").num_rows
+    except Exception:  # not flushed yet
+        return -1
+
+
 def post(port: int, path: str, body: dict) -> urllib.request.Request:
     return urllib.request.Request(f"http://127.0.0.1:{port}{path}", json.dumps(body).encode(),
                                   {"Content-Type": "application/json"})
@@ -150,9 +158,14 @@ def test_readme_serve_recipe_records_a_clean_trace(tiny_model, tmp_path):
         # answer and the step that hands its finished id to the worker: a SIGINT mid-step
         # stops vLLM's worker before it answers, and its engine core, waiting, is killed.
         end = time.time() + 60
-        while not idle(trace, {**answers, cancelled: None}):
-            assert server.poll() is None and time.time() < end, tail()
-            time.sleep(0.2)
+        while True:  # idle, and still so a second later (the abort's own steps are done)
+            while not idle(trace, {**answers, cancelled: None}):
+                assert server.poll() is None and time.time() < end, tail()
+                time.sleep(0.2)
+            before = steps_on_disk(trace)
+            time.sleep(1.0)
+            if idle(trace, {**answers, cancelled: None}) and steps_on_disk(trace) == before:
+                break
         os.killpg(server.pid, signal.SIGINT)  # Ctrl-C in the server's terminal
         server.wait(120)
     finally:

@@ -35,8 +35,13 @@ def test_generate_tokens_equal_recorded_samples(cpu_llm, tmp_path):
     # does not need determinism anyway.
     sampling = [params(120), params(130, temperature=0.8), params(140, temperature=1.0, top_k=20),
                 params(100), params(150, temperature=0.5), params(90)]
-    # The engine is shared with other tests: its free-block order is theirs (the recording
-    # keeps it for resim); a hit on a prefix they cached would be theirs too, so none is left.
+    # The engine is shared with other tests: finished ids their generate() returned before
+    # delivering are delivered first (else the recording begins mid-stream); its free-block
+    # order is theirs (the recording keeps it for resim); a hit on a prefix they cached would
+    # be theirs too, so none is left.
+    sched = scheduler_of(cpu_llm)
+    while sched.has_finished_requests():
+        cpu_llm.llm_engine.step()
     assert cpu_llm.reset_prefix_cache()
     with attach(scheduler_of(cpu_llm), tmp_path):
         results = cpu_llm.generate(prompts, sampling, use_tqdm=False)

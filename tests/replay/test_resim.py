@@ -190,3 +190,25 @@ def test_a_scheduler_that_raises_ends_the_run_with_a_result(recorded, bug_trace)
     assert last.difference == ("step 2: the re-run's scheduler raised RuntimeError in "
                                "schedule: broken across lines")
     assert summary.first == last and summary.recorded_steps > summary.steps
+
+
+@pytest.mark.parametrize("batch_queue", [1, 2])
+def test_the_recording_is_read_forward_across_many_segments(tiny_model, tmp_path, monkeypatch,
+                                                            batch_queue):
+    """resim reads the recording a segment (or a Parquet row group) at a time as the re-run
+    goes, in windows of steps: with tiny segments and windows, updates written a flush after
+    their step (batches in flight) and a compacted copy, still identical at every step."""
+    from vllm_contract.recorder.compact import compact
+    from vllm_contract.replay.resim import inputs
+    from vllm_contract.trace import open_trace
+
+    monkeypatch.setattr(inputs, "WINDOW", 8)
+    path = tmp_path / "t"
+    scenarios.run("mixed", tiny_model, path, batch_queue=batch_queue, segment_bytes=4096,
+                  flush_steps=4)
+    (e,) = open_trace(path).engines
+    assert len(e.segments("scheduled")) > 5 and len(e.read("steps")) > 8 * 5
+    resimkit.assert_re_runs_identically(path)
+    compact(open_trace(path))
+    assert all(p.suffix == ".parquet" for p in open_trace(path).engines[0].segments("scheduled"))
+    resimkit.assert_re_runs_identically(path)
