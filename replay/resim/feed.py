@@ -23,6 +23,9 @@ class Requests:
         # of is not kept alive for the rest of the run
         self.live: dict[str, tuple[Any, int]] = {}
         self._arrival = 0.0
+        # called with (req_id, incarnation) once the re-run has let go of that Request: its
+        # recorded tokens are not asked for again (inputs.Outputs.release)
+        self.on_release: Any = None
 
     def make(self, req_id: str, prompt: list[int], sampling: Any, pooling: Any = None,
              lora: Any = None, mm: Any = None, counted: bool = True, **given: Any) -> Any:
@@ -39,6 +42,8 @@ class Requests:
         if counted:
             k = self.count[req_id] = self.count.get(req_id, -1) + 1
             self.live[req_id] = (weakref.ref(req), k)
+            if self.on_release is not None:
+                weakref.finalize(req, self.on_release, (req_id, k))
         if req.use_structured_output:
             self.manager.grammar_init(req)
             future = req.structured_output_request._grammar

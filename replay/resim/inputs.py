@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import bisect
 import json
+from array import array
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Iterator
@@ -199,48 +200,132 @@ class Plains:
 
 
 class ByStep:
-    """The tokens each (step, req_id) model output row gave, looked up in the rows (sorted by
-    step, then position) rather than kept as Python objects: read only for requests the
-    scheduler no longer holds, and by a what-if run's recorded side."""
+    """The tokens each (step, req_id) model output row gave: read only for requests the
+    scheduler no longer holds (from the parts the Outputs hold), and, all of them, by a
+    what-if run's recorded side (a scan of its own)."""
 
-    def __init__(self, table: pa.Table) -> None:
-        self.table, self.steps = table, table["step"].to_numpy()
+    def __init__(self, outputs: "Outputs") -> None:
+        self.outputs = outputs
 
     def get(self, key: tuple[int, str], default: list[int] | None = None) -> list[int] | None:
         step, rid = key
-        rows = _window(self.table, self.steps, step, step + 1)
         found = default
-        for r, toks in zip(rows["req_id"].to_pylist(), rows["sampled_token_ids"].to_pylist()):
-            if r == rid:  # the last row wins, as a dict built from them would have it
-                found = list(toks or [])
+        for table, steps in self.outputs.parts_at(step):
+            rows = _window(table, steps, step, step + 1)
+            for r, toks in zip(rows["req_id"].to_pylist(),
+                               rows["sampled_token_ids"].to_pylist()):
+                if r == rid:  # the last row wins, as a dict built from them would have it
+                    found = list(toks or [])
         return found
 
     def items(self) -> Iterator[tuple[tuple[int, str], list[int]]]:
-        step, seen = None, {}
-        for r in _rows(self.table.select(["step", "req_id", "sampled_token_ids"])):
-            if r["step"] != step:
-                yield from seen.items()
-                step, seen = r["step"], {}
-            seen[(step, r["req_id"])] = list(r["sampled_token_ids"] or [])
-        yield from seen.items()
+        for part in self.outputs.sorted_parts():
+            step, seen = None, {}
+            for r in _rows(part.select(["step", "req_id", "sampled_token_ids"])):
+                if r["step"] != step:
+                    yield from seen.items()
+                    step, seen = r["step"], {}
+                seen[(step, r["req_id"])] = list(r["sampled_token_ids"] or [])
+            yield from seen.items()
 
 
-@dataclass
 class Outputs:
-    """The model's side of the recording: per request incarnation (req_id, n-th introduction),
-    the whole token stream, and the token list recorded at the output positions where one row
-    gave several (a row of one token is the stream's token there); per (step, req_id), the
-    tokens that step gave it (for requests the scheduler no longer holds)."""
-    rows: dict[tuple[str, int], dict[int, list[int]]] = field(default_factory=dict)
-    streams: dict[tuple[str, int], list[int]] = field(default_factory=dict)
-    by_step: ByStep | dict = field(default_factory=dict)
+    """The model's side of the recording, read forward a part at a time as the re-run asks:
+    per request incarnation (req_id, n-th introduction or add), its token stream, and the
+    token list recorded at the output positions where one row gave several (a row of one token
+    is the stream's token there); per (step, req_id), the tokens that step gave it (for
+    requests the scheduler no longer holds). A position not read yet reads on until it is
+    there (a re-run that schedules a request sooner than the recording did); an incarnation
+    the re-run has let go of is dropped (`release`). `load_all()` reads everything (a what-if
+    run, which may ask for any request's whole stream at any step)."""
+
+    def __init__(self, engine=None, incarnations: dict[str, list[int]] | None = None) -> None:
+        self.rows: dict[tuple[str, int], dict[int, list[int]]] = {}
+        self.streams: dict[tuple[str, int], array] = {}
+        self.by_step = ByStep(self)
+        self._engine, self._inc = engine, incarnations or {}
+        self._parts = None if engine is None else _parts(engine, "model_outputs")
+        self._held: list[tuple[pa.Table, np.ndarray]] = []  # for by_step, sorted by step
+        self._loaded_to: int | None = None  # the last step read
+        self._released: set[tuple[str, int]] = set()
+
+    def _sorted(self, part: pa.Table) -> pa.Table:
+        """A part's rows by step, then position: as written, mostly (then not copied)."""
+        part = part.select(["step", "req_id", "pos", "sampled_token_ids"])
+        if part["step"].null_count or part["pos"].null_count:
+            part = part.filter(pc.and_(pc.is_valid(part["step"]), pc.is_valid(part["pos"])))
+        st, ps = part["step"].to_numpy(), part["pos"].to_numpy()
+        ds, dp = np.diff(st), np.diff(ps)
+        if ((ds > 0) | ((ds == 0) & (dp > 0))).all():
+            return part
+        return part.take(pc.sort_indices(part, [("step", "ascending"), ("pos", "ascending")]))
+
+    def sorted_parts(self) -> Iterator[pa.Table]:
+        if self._engine is not None:
+            for part in _parts(self._engine, "model_outputs"):
+                yield self._sorted(part)
+
+    def _advance(self) -> bool:
+        """Read the next part; False at the end."""
+        part = None if self._parts is None else next(self._parts, None)
+        if part is None:
+            self._parts = None
+            return False
+        part = self._sorted(part)
+        if not part.num_rows:
+            return True
+        steps = part["step"].to_numpy()
+        self._held.append((part.select(["step", "req_id", "sampled_token_ids"]), steps))
+        self._loaded_to = max(int(steps[-1]), self._loaded_to or int(steps[-1]))
+        inc = self._inc
+        for r in _rows(part.select(["req_id", "step", "sampled_token_ids"])):
+            rid, step, toks = r["req_id"], r["step"], r["sampled_token_ids"]
+            k = bisect.bisect_right(inc.get(rid, []), step) - 1
+            if k < 0 or not toks or (rid, k) in self._released:
+                continue
+            stream = self.streams.get((rid, k))
+            if stream is None:  # 8 bytes a token, not a Python int's 36
+                stream = self.streams[(rid, k)] = array("q")
+            if len(toks) != 1:
+                self.rows.setdefault((rid, k), {})[len(stream)] = toks
+            stream.extend(toks)
+        return True
+
+    def load_all(self) -> None:
+        while self._advance():
+            pass
+
+    def parts_at(self, step: int) -> list[tuple[pa.Table, np.ndarray]]:
+        """The parts that may have rows of `step`, read on until a window past it; the held
+        parts a window behind it are let go (a step asked for after that is read again)."""
+        while self._parts is not None and (self._loaded_to is None
+                                           or self._loaded_to < step + WINDOW):
+            self._advance()
+        if self._held and step < self._held[0][1][0]:
+            again = []
+            for part in self.sorted_parts():
+                st = part["step"].to_numpy()
+                if len(st) and st[0] <= step <= st[-1]:
+                    again.append((part.select(["step", "req_id", "sampled_token_ids"]), st))
+            return again
+        self._held = [(t, st) for t, st in self._held if st[-1] >= step - WINDOW]
+        return [(t, st) for t, st in self._held if st[0] <= step <= st[-1]]
 
     def at(self, key: tuple[str, int], position: int) -> list[int] | None:
+        while (key not in self._released and self._parts is not None
+               and len(self.streams.get(key, ())) <= position):
+            self._advance()
         row = self.rows.get(key, {}).get(position)
         if row is not None:
             return list(row)
-        tail = self.streams.get(key, [])[position:position + 1]
-        return tail or None
+        tail = self.streams.get(key, ())[position:position + 1]
+        return list(tail) or None
+
+    def release(self, key: tuple[str, int]) -> None:
+        """The re-run let go of this incarnation: its tokens are not asked for again."""
+        self._released.add(key)
+        self.streams.pop(key, None)
+        self.rows.pop(key, None)
 
 
 class Calls:
@@ -374,21 +459,7 @@ def _with_log(sched: pa.Table, upd: pa.Table, logged: list) -> Calls:
 
 
 def _outputs(engine, intro: dict[str, list[int]]) -> Outputs:
-    out = Outputs()
-    rows = engine.read("model_outputs", ["step", "req_id", "pos", "sampled_token_ids"])
-    rows = rows.filter(pc.is_valid(rows["step"]))
-    rows = rows.take(pc.sort_indices(rows, [("step", "ascending"), ("pos", "ascending")]))
-    out.by_step = ByStep(rows.select(["step", "req_id", "sampled_token_ids"]))
-    for r in _rows(rows):
-        rid, step, toks = r["req_id"], r["step"], r["sampled_token_ids"]
-        k = bisect.bisect_right(intro.get(rid, []), step) - 1
-        if k < 0 or not toks:
-            continue
-        stream = out.streams.setdefault((rid, k), [])
-        if len(toks) != 1:
-            out.rows.setdefault((rid, k), {})[len(stream)] = toks
-        stream.extend(toks)
-    return out
+    return Outputs(engine, intro)
 
 
 def _scheduled(engine) -> pa.Table:

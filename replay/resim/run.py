@@ -92,6 +92,7 @@ class Resim:
         self.engine, self.inputs, self.built, self.rebuilt = engine, inputs, built, rebuilt
         self.scheduler = built.scheduler
         self.requests = Requests(built.block_hasher, self.scheduler.structured_output_manager)
+        self.requests.on_release = inputs.outputs.release
         self.redacted = bool(engine.manifest.get("redacted_prompts"))
         # sync speculative decoding: the worker's drafts come back through the scheduler
         # (an input log has them: given as recorded)
@@ -143,6 +144,7 @@ class Resim:
         compared with the recording's step of the same index while the recording has one."""
         from vllm_contract.replay.resim import whatif
 
+        self.inputs.outputs.load_all()  # any request's whole stream, at any step
         driver = whatif.Driver(self)
         step = None
         try:
