@@ -154,14 +154,14 @@ class Recorder:
         try:
             for req in list((getattr(self.scheduler, "requests", None) or {}).values()):
                 name = getattr(getattr(req, "status", None), "name", "")
-                if (name.startswith("WAITING") and not getattr(req, "num_computed_tokens", 0)
-                        and not getattr(req, "is_finished", lambda: False)()):
+                if name.startswith("WAITING") and not getattr(req, "num_computed_tokens", 0):
                     self._input("add_request", input_log.request_fields(
                         req, self._others, self.redacted))
         except Exception as e:
             self._disable(e)
 
     def _input(self, call: str, payload: Any, step: int | None = None) -> None:
+        """Log one input call at its place: after `step` (default: the last scheduled)."""
         self.writer.submit_input(Input(self.step - 1 if step is None else step, self.seq,
                                        self.updates, now_ns(), call, payload))
         self.seq += 1
@@ -211,9 +211,9 @@ class Recorder:
                 if (args or kwargs or self._sched_args) and (args, kwargs) != self._sched_args:
                     # logged when they change: the engine passes the same flag most steps
                     self._sched_args = (args, dict(kwargs))
-                    self.writer.submit_input(Input(step, self.seq, self.updates, now_ns(),
-                                                   "schedule", self._sched_args))
-                self.seq += 1
+                    self._input("schedule", self._sched_args, step=step)  # this call's seq
+                else:
+                    self.seq += 1
                 kept = self.writer.submit_schedule(step, now_ns(), t1 - t0, state, out)
                 # A dropped step (writer behind) keeps no model output either: no orphan rows.
                 if kept:

@@ -1,15 +1,17 @@
-"""The scheduler's inputs as today's trace lets them be derived (vLLM-free).
+"""The scheduler's calls for a re-run, in their recorded order (vLLM-free).
 
-A trace records what the scheduler emitted and the model outputs it was given, not the calls
-that fed it. What a re-run needs is derived: the order of schedule(), update_from_output() and
-finish_requests() from the recorder's clock (one monotonic clock, each call stamped when it
-returned, so sorting by it is the order the calls were made in); each request's arrival as just
-before the schedule() that first names it; aborts from `finish_events`; drafts from the spec
-tokens a later step schedules; model outputs by each request's output position.
+A trace of format 3 has an input log (log.py): its add_request(), abort and draft calls are
+placed among the schedule() and update calls. An older trace records what the scheduler
+emitted and the model outputs it was given, not the calls that fed it, and the rest is
+derived: the order of schedule(), update_from_output() and finish_requests() from the
+recorder's clock (one monotonic clock, each call stamped when it returned, so sorting by it is
+the order the calls were made in); each request's arrival as just before the schedule() that
+first names it; aborts from `finish_events`; drafts from the spec tokens a later step
+schedules. Either way, model outputs are given by each request's output position.
 
-The recording stays in Arrow columns and is turned into Python objects a window of steps at a
-time as the re-run reaches it, so that a re-run's memory does not grow with the trace's length
-in Python objects (several KB a step) but only in its columns.
+The recording is read forward, a segment at a time, as the re-run
+reaches its steps, and let go of once passed: a re-run's memory does not grow with the
+trace's length in its step tables or its model outputs.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from vllm_contract import schema
 from vllm_contract.errors import TraceError
 from vllm_contract.manifest import mid_stream_note
 from vllm_contract.replay.resim import log
@@ -89,19 +92,9 @@ class _Window:
 
 
 def _parts(engine, table: str) -> Iterator[pa.Table]:
-    """A table's rows a part at a time in stored order: a stream segment whole (at most the
-    recorder's segment size), a Parquet segment a row group at a time once its pages pass
-    their checksums (one that fails is read whole, as the reader notes it)."""
-    import pyarrow.parquet as pq
-
-    from vllm_contract import schema
-
+    """A table's rows a segment at a time in stored order: each at most the recorder's
+    segment size, compacted or not (compaction turns each stream segment into one Parquet)."""
     for path in engine.segments(table):
-        if path.suffix == schema.PARQUET_SUFFIX and engine.verify(path):
-            f = pq.ParquetFile(path)
-            for i in range(f.num_row_groups):
-                yield f.read_row_group(i)
-            continue
         part = engine.segment(path)
         if part is not None:
             yield part
@@ -148,17 +141,11 @@ class _Stream:
         slices = [_window(t, st, lo, hi) for t, st in self._held]
         slices = [x for x in slices if x.num_rows]
         if not slices:
-            return schema_empty(self.table)
+            return schema.empty(schema.schema(self.table))
         if len(slices) == 1:
             return slices[0]
         t = pa.concat_tables(slices)
         return t.take(pc.sort_indices(t, [("step", "ascending")]))
-
-
-def schema_empty(table: str) -> pa.Table:
-    from vllm_contract import schema
-
-    return schema.empty(schema.schema(table))
 
 
 class Plains:
@@ -458,10 +445,6 @@ def _with_log(sched: pa.Table, upd: pa.Table, logged: list) -> Calls:
                  [e.call for e in logged])
 
 
-def _outputs(engine, intro: dict[str, list[int]]) -> Outputs:
-    return Outputs(engine, intro)
-
-
 def _scheduled(engine) -> pa.Table:
     """The scheduled rows' columns the derived drafts read, in step order (read when a run
     gives drafts back from a trace without an input log)."""
@@ -530,6 +513,6 @@ def derive(engine) -> Inputs:
     # aborted before it was scheduled is added, and counted, but never introduced)
     incarnations = intro if added is None else added.incarnations()
     return Inputs(_calls(engine, known, entries), plains,
-                  _outputs(engine, incarnations), {s: sorted(v) for s, v in finishes.items()},
+                  Outputs(engine, incarnations), {s: sorted(v) for s, v in finishes.items()},
                   engine, most_in_flight(engine), _structured(engine), intro,
                   added=added, schedule_args=args)

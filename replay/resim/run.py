@@ -174,7 +174,12 @@ class Resim:
 
     def _break_whatif(self, step: int) -> None:
         """The break hook in a what-if run: the requests are added already."""
-        stop = debug.Break(step, self.scheduler, [debug.Pending("schedule")],
+        self._stop_at(step, [])
+
+    def _stop_at(self, step: int, pending: list) -> list:
+        """The break hook, given the calls `pending` before `step`'s schedule(); the calls
+        left in the stop's list when it returns (schedule() itself taken out), to be made."""
+        stop = debug.Break(step, self.scheduler, pending + [debug.Pending("schedule")],
                            self.inputs.plains.get(step) or {},
                            list(self.inputs.finishes.get(step, [])), self)
         self._in_hook = True
@@ -182,6 +187,7 @@ class Resim:
             self.hook(stop)
         finally:
             self._in_hook = False
+        return [p for p in stop.pending if p.call != "schedule"]
 
     def _run(self) -> Iterator[StepResult]:
         call = None
@@ -277,14 +283,7 @@ class Resim:
         them first), then schedule() with its logged arguments."""
         pending = self._pending_calls()
         if step == self.break_at:
-            stop = debug.Break(step, self.scheduler, pending + [debug.Pending("schedule")],
-                               plain, list(self.inputs.finishes.get(step, [])), self)
-            self._in_hook = True
-            try:
-                self.hook(stop)
-            finally:
-                self._in_hook = False
-            pending = [p for p in stop.pending if p.call != "schedule"]
+            pending = self._stop_at(step, pending)
         self._feed(pending)
         self._args = self.inputs.schedule_args.get(step, self._args)
         args, kwargs = self._args
@@ -295,9 +294,7 @@ class Resim:
         out = []
         for c in self._queue:
             if c.kind == "add":
-                row = self.inputs.added.row(c.data)
-                out.append(debug.Pending("add_request", self.requests.from_added(
-                    row, self.rebuilt.decode, self._others(row))))
+                out.append(debug.Pending("add_request", self.logged_request(c.data)))
             elif c.kind == "abort":
                 out.append(debug.Pending("finish_requests", args=(c.req_id, c.status)))
             else:
@@ -307,6 +304,12 @@ class Resim:
         self._queue = []
         return out
 
+    def logged_request(self, seq: int) -> Any:
+        """The Request of the input log's add_request() at `seq`, as the installed vLLM
+        builds it (also for a what-if run's arrivals)."""
+        row = self.inputs.added.row(seq)
+        return self.requests.from_added(row, self.rebuilt.decode, self._others(row))
+
     def _others(self, row: dict) -> dict:
         """The logged Request arguments without a column, those the installed Request takes
         (a value it cannot take as plain data is left at its default, with a note)."""
@@ -315,16 +318,16 @@ class Resim:
         out = {}
         for k, v in json.loads(row["other_json"] or "{}").items():
             if k not in self._given:
-                self.notes_once(f"Request argument {k}: logged, but the installed vLLM's "
+                self._note_once(f"Request argument {k}: logged, but the installed vLLM's "
                                 "Request lacks it: left out")
             elif is_opaque(v) or (isinstance(v, dict) and "__type__" in v):
-                self.notes_once(f"Request argument {k}: not plain data in the log: left at "
+                self._note_once(f"Request argument {k}: not plain data in the log: left at "
                                 "its default")
             else:
                 out[k] = v
         return out
 
-    def notes_once(self, text: str) -> None:
+    def _note_once(self, text: str) -> None:
         if text not in self.summary_.notes:
             self.summary_.notes.append(text)
 
@@ -350,15 +353,8 @@ class Resim:
 
     def _break(self, step: int, new: list) -> list:
         """The hook, given what the step is about to feed; the requests to add after it."""
-        pending = [debug.Pending("add_request", r) for r in new] + [debug.Pending("schedule")]
-        stop = debug.Break(step, self.scheduler, pending, self.inputs.plains[step],
-                           list(self.inputs.finishes.get(step, [])), self)
-        self._in_hook = True
-        try:
-            self.hook(stop)
-        finally:
-            self._in_hook = False
-        return [p.request for p in stop.pending if p.call == "add_request"]
+        left = self._stop_at(step, [debug.Pending("add_request", r) for r in new])
+        return [p.request for p in left if p.call == "add_request"]
 
     def _prompt_len(self, step: int, req_id: str) -> int:
         if self._lens is None:

@@ -234,9 +234,7 @@ class Driver:
                 if call is not None:
                     self._abort(call)
                     continue
-                row = self.inputs.added.row(seq)
-                self.queue.append((step, self.rs.requests.from_added(
-                    row, self.rs.rebuilt.decode, self.rs._others(row))))
+                self.queue.append((step, self.rs.logged_request(seq)))
         self._admit(step)
 
     def _arrive(self, step: int) -> None:

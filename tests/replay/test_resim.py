@@ -195,9 +195,9 @@ def test_a_scheduler_that_raises_ends_the_run_with_a_result(recorded, bug_trace)
 @pytest.mark.parametrize("batch_queue", [1, 2])
 def test_the_recording_is_read_forward_across_many_segments(tiny_model, tmp_path, monkeypatch,
                                                             batch_queue):
-    """resim reads the recording a segment (or a Parquet row group) at a time as the re-run
-    goes, in windows of steps: with tiny segments and windows, updates written a flush after
-    their step (batches in flight) and a compacted copy, still identical at every step."""
+    """resim reads the recording a segment at a time as the re-run goes, in windows of
+    steps: with tiny segments and windows, updates written a flush after their step (batches
+    in flight) and a compacted copy, still identical at every step."""
     from vllm_contract.recorder.compact import compact
     from vllm_contract.replay.resim import inputs
     from vllm_contract.trace import open_trace
