@@ -385,5 +385,8 @@ def test_sigkill_of_a_recording_openai_server_keeps_every_flushed_step(tiny_mode
     s = summary(t)["engines"][0]
     assert s["closed_cleanly"] is False
     assert any("not closed cleanly" in i for i in s["integrity"])
-    assert all("truncated" in w or "torn" in w or "empty" in w for w in t.warnings), t.warnings
+    # only the kill's tail: a segment cut mid-batch, or rows of the flush it interrupted
+    assert all("truncated" in w or "torn" in w or "empty" in w
+               or "of a flush the writer did not finish left out" in w
+               for w in t.warnings), t.warnings
     assert e.read("transport").num_rows > 0
