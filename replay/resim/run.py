@@ -126,11 +126,11 @@ class Resim:
         self._ran = True
         run = self._run_whatif if self.whatif else self._run
         if self.out is None:
-            yield from run()
+            yield from self._frozen(run)
             return
         recorder = record.start(self.scheduler, self.out, self.source)
         try:
-            yield from run()
+            yield from self._frozen(run)
         finally:  # sealed even when the caller stops iterating: a trace cut short is a trace
             recorder.close()
         self.summary_.recorded = record.check(record.Recorded(str(self.out)))
@@ -138,6 +138,20 @@ class Resim:
             original = record.check(record.Recorded(self.source.get("trace", "")))
             self.summary_.whatif.recording.update(_findings(original))
             self.summary_.whatif.rerun.update(_findings(self.summary_.recorded))
+
+    @staticmethod
+    def _frozen(run) -> Iterator[StepResult]:
+        """The run with the heap built so far (vLLM's modules, the scheduler, the derived
+        inputs) out of the collector's reach, as vLLM's engine core freezes its startup heap
+        before it schedules; the caller's process gets its collector back afterwards."""
+        import gc
+
+        gc.collect()
+        gc.freeze()
+        try:
+            yield from run()
+        finally:
+            gc.unfreeze()
 
     def _run_whatif(self) -> Iterator[StepResult]:
         """The what-if run (whatif.py): its own steps until every request has finished, each
