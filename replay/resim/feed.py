@@ -92,6 +92,7 @@ def model_output(so: Any, chunks: dict[str, bool], step: int, scheduler: Any,
     from vllm.v1.outputs import ModelRunnerOutput
 
     req_ids, sampled = [], []
+    reqs = scheduler.requests
     for rid in so.num_scheduled_tokens:
         if rid not in chunks:
             continue
@@ -99,14 +100,15 @@ def model_output(so: Any, chunks: dict[str, bool], step: int, scheduler: Any,
         if chunks[rid]:
             sampled.append([])
             continue
-        req = scheduler.requests.get(rid)
+        req = reqs.get(rid)
         toks = None
         if req is not None and not req.is_finished():
             key = requests.key(req)
-            toks = None if key is None else outputs.at(key, req.num_output_tokens)
+            toks = None if key is None else outputs.at(key, req.num_output_tokens)  # a copy
         else:  # finished or aborted while its batch was in flight: ignored by the scheduler
             toks = outputs.by_step.get((step, rid))
-        sampled.append(list(toks) if toks else [FILLER])
+            toks = None if toks is None else list(toks)
+        sampled.append(toks or [FILLER])
     return ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
                              sampled_token_ids=sampled)
 

@@ -299,14 +299,18 @@ class Outputs:
         return [(t, st) for t, st in self._held if st[0] <= step <= st[-1]]
 
     def at(self, key: tuple[str, int], position: int) -> list[int] | None:
-        while (key not in self._released and self._parts is not None
-               and len(self.streams.get(key, ())) <= position):
-            self._advance()
-        row = self.rows.get(key, {}).get(position)
-        if row is not None:
-            return list(row)
-        tail = self.streams.get(key, ())[position:position + 1]
-        return list(tail) or None
+        """A new list of the tokens at `position` of the incarnation's recorded stream."""
+        stream = self.streams.get(key)
+        if stream is None or len(stream) <= position:  # not read that far yet
+            while (key not in self._released and self._parts is not None
+                   and len(self.streams.get(key, ())) <= position):
+                self._advance()
+            stream = self.streams.get(key)
+            if stream is None or len(stream) <= position:
+                return None
+        rows = self.rows.get(key)
+        row = None if rows is None else rows.get(position)
+        return [stream[position]] if row is None else list(row)
 
     def release(self, key: tuple[str, int]) -> None:
         """The re-run let go of this incarnation: its tokens are not asked for again."""
