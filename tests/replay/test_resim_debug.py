@@ -185,3 +185,39 @@ def test_a_buggy_recording_re_run_with_the_stock_class_records_no_error(traces, 
     again = replay.resim(traces / "bug", scheduler_cls="debug_bug_sched:DropFinishedOnce",
                          out=tmp_path / "again").summary
     assert again.identical and again.recorded.errors == recorded.errors
+
+
+def _abort_step(trace) -> tuple[int, str]:
+    """The first step whose schedule() the input log has an abort before, and its request."""
+    calls = list(replay.resim(trace).inputs.calls)
+    at = next(i for i, c in enumerate(calls) if c.kind == "abort")
+    return next(c.step for c in calls[at:] if c.kind == "schedule"), calls[at].req_id
+
+
+@pytest.fixture(scope="module")
+def aborts(tiny_model, tmp_path_factory):
+    path = tmp_path_factory.mktemp("resim-aborts")
+    scenarios.run("aborts", tiny_model, path)
+    return path
+
+
+def test_a_logged_abort_is_pending_at_the_break_and_is_made_from_the_list(aborts):
+    step, req_id = _abort_step(aborts)
+    seen: list = []
+    run = replay.resim(aborts, break_at=step, break_hook=lambda stop: seen.append(
+        [(p.call, p.req_id, p.args) for p in stop.pending]))
+    list(run)
+    assert run.summary.identical
+    (pending,) = seen
+    aborts_seen = [p for p in pending if p[0] == "finish_requests"]
+    assert aborts_seen and aborts_seen[0][2][0] == req_id
+    assert aborts_seen[0][2][1].startswith("FINISHED_")  # the recorded status, by name
+    assert pending[-1][0] == "schedule"
+
+    def drop(stop):  # the hook edits what is made: without the abort the re-run diverges
+        stop.pending[:] = [p for p in stop.pending if p.call != "finish_requests"]
+
+    dropped = replay.resim(aborts, break_at=step, break_hook=drop)
+    list(dropped)
+    assert not dropped.summary.identical and dropped.summary.first.step >= step
+    assert req_id in dropped.summary.first.difference
