@@ -17,6 +17,7 @@ class Recorded:
     errors: int | None = None  # None until the catalog has run (the re-run stopped early)
     warnings: int | None = None
     findings: list[str] | None = None  # "invariant at step N (req_id)" of each error/warning
+    found: list | None = None  # those findings (core/findings.Finding)
 
     def as_dict(self) -> dict:
         return {"trace": self.trace, "errors": self.errors, "warnings": self.warnings,
@@ -48,6 +49,6 @@ def check(rec: Recorded) -> Recorded:
         report = checker.run(gw, catalog.load(None))
     counts = report.counts()
     rec.errors, rec.warnings = counts["error"], counts["warning"]
-    rec.findings = [f"{f.invariant} at step {f.step} ({f.req_id})"
-                    for f in report.at_or_above("warning")]
+    rec.found = report.at_or_above("warning")
+    rec.findings = [f"{f.invariant} at step {f.step} ({f.req_id})" for f in rec.found]
     return rec

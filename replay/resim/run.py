@@ -86,7 +86,7 @@ class Resim:
                  notes: list[str], break_at: int | None = None, hook: Any = None,
                  until: int | None = None, out: Path | None = None,
                  source: dict | None = None, whatif: bool = False,
-                 arrivals: str = "step") -> None:
+                 arrivals: str = "step", keep: frozenset[str] | None = None) -> None:
         from vllm_contract.replay.resim.feed import Requests
 
         self.engine, self.inputs, self.built, self.rebuilt = engine, inputs, built, rebuilt
@@ -111,6 +111,8 @@ class Resim:
         self._in_hook = False
         self.whatif = whatif
         self.arrivals = arrivals  # a what-if run's: "step" (index) or "time"
+        self.keep = keep  # a what-if run's requests, by id (reduce.py): None, all of them
+        self.check_recording = True  # a what-if run's --out: the recording checked beside it
 
     @property
     def total_steps(self) -> int:
@@ -134,7 +136,7 @@ class Resim:
         finally:  # sealed even when the caller stops iterating: a trace cut short is a trace
             recorder.close()
         self.summary_.recorded = record.check(record.Recorded(str(self.out)))
-        if self.whatif and self.summary_.whatif is not None:
+        if self.whatif and self.summary_.whatif is not None and self.check_recording:
             original = record.check(record.Recorded(self.source.get("trace", "")))
             self.summary_.whatif.recording.update(_findings(original))
             self.summary_.whatif.rerun.update(_findings(self.summary_.recorded))
@@ -435,7 +437,7 @@ def resim(trace_path: str | Path, engine: str | None = None, scheduler_cls: str 
           overrides: dict | None = None, *, break_at: int | None = None,
           break_hook: Any = None, until: int | None = None,
           out: str | Path | None = None, whatif: bool = False,
-          arrivals: str = "step") -> Resim:
+          arrivals: str = "step", keep: Any = None) -> Resim:
     """Re-run the installed vLLM Scheduler (or `scheduler_cls`, "module:Class") on a recorded
     trace; `overrides`: manifest engine settings to change (build.SETTINGS). `break_at`: call
     `break_hook` (a callable or "module:function"; default pdb) with a debug.Break just before
@@ -443,7 +445,8 @@ def resim(trace_path: str | Path, engine: str | None = None, scheduler_cls: str 
     trace there and run the catalog on it. `whatif`: divergence expected (docs/resim.md,
     "What-if runs"): the re-run goes on until every request has finished and the summary's
     `whatif` compares it with the recording; `arrivals` ("step" or "time") how a what-if run
-    places the requests (docs/resim.md). Raises TraceError for unusable input."""
+    places the requests (docs/resim.md); `keep`: a what-if run of only the requests with
+    these ids (their adds and aborts; the input log's). Raises TraceError for unusable input."""
     from vllm_contract.replay.worker.rebuild import rebuild
 
     if arrivals not in ("step", "time"):
@@ -453,6 +456,9 @@ def resim(trace_path: str | Path, engine: str | None = None, scheduler_cls: str 
                          "a re-run of the recording adds each request where it was added")
     eng = _open(trace_path, engine)
     inputs = derive(eng)
+    if keep is not None and not (whatif and inputs.logged):
+        raise TraceError("a run of some of the requests is a what-if run of a trace with an "
+                         "input log (format 3)")
     if arrivals == "time" and not inputs.logged:
         raise TraceError("--arrivals time needs the recorded arrival times: the trace has no "
                          "input log (format 2 or before)")
@@ -499,4 +505,5 @@ def resim(trace_path: str | Path, engine: str | None = None, scheduler_cls: str 
                      "step the recording fed them before, one batch in flight, no drafts; a "
                      "request is finished when it has used all its recorded outputs")
     return Resim(eng, inputs, built, rebuilt, notes, break_at, hook, until,
-                 None if out is None else Path(out), source, whatif, arrivals)
+                 None if out is None else Path(out), source, whatif, arrivals,
+                 None if keep is None else frozenset(keep))

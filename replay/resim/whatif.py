@@ -198,6 +198,10 @@ class Driver:
         self.rs, self.sched, self.inputs = rs, rs.scheduler, rs.inputs
         self.aborts = abort_steps(rs.inputs)
         added = rs.inputs.added
+        keep = rs.keep
+        if keep is not None:  # some of the requests (reduce.py): the others never come
+            self.aborts = {s: kept for s, calls in self.aborts.items()
+                           if (kept := [c for c in calls if c.req_id in keep])}
         if added is not None:  # the input log: each add where it came (or by its time)
             times = []
             if rs.arrivals == "time":
@@ -206,7 +210,10 @@ class Driver:
             first = min(rs.inputs.plains)
             self.arrivals: dict[int, Any] = {}
             for k, seqs in sorted(added.arrival_steps(rs.arrivals, times).items()):
-                self.arrivals.setdefault(max(k, first), []).extend(seqs)
+                if keep is not None:
+                    seqs = [q for q in seqs if added.req_id(q) in keep]
+                if seqs:
+                    self.arrivals.setdefault(max(k, first), []).extend(seqs)
         else:
             # the steps that introduce a request: their canonical form is made when reached
             self.arrivals = dict.fromkeys(
@@ -297,7 +304,8 @@ class Driver:
         empty = 0
         while True:
             self._feed(step)
-            if not self.sched.get_num_unfinished_requests() and not self.queue:
+            # as EngineCore's loop: a step more while finished ids wait to be delivered
+            if not self.sched.has_requests() and not self.queue:
                 later = self._events_after(step)
                 if not later:
                     return

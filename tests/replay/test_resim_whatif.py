@@ -188,3 +188,23 @@ def test_arrivals_by_time_need_a_what_if_run_and_an_input_log(late_trace, tmp_pa
     with pytest.raises(TraceError, match="no input log"):
         replay.resim(old, whatif=True, overrides={"max_num_batched_tokens": 64},
                      arrivals="time")
+
+
+def test_a_what_if_run_delivers_its_last_finished_ids_as_the_engine_does(trace, tmp_path):
+    """EngineCore keeps stepping while finished ids wait to be sent (has_requests()): the
+    re-run's last step carries them, so every finish reaches finished_req_ids."""
+    _whatif(trace, tmp_path, max_num_batched_tokens=BUDGET // 2)
+    finished = {r["req_id"] for r in _rows(tmp_path / "rerun", "finished")}
+    assert finished == {f"r{i}" for i in range(8)}
+    last = max(r["step"] for r in _rows(tmp_path / "rerun", "steps", ["step"]))
+    assert any(r["step"] == last for r in _rows(tmp_path / "rerun", "finished"))
+
+
+def test_a_what_if_run_of_some_of_the_requests_adds_only_those(trace, tmp_path):
+    run = replay.resim(trace, whatif=True, keep={"r1", "r5"}, out=tmp_path / "some")
+    list(run)
+    added = {r["req_id"] for r in _rows(tmp_path / "some", "added")}
+    assert added == {"r1", "r5"} and run.summary.whatif.rerun["requests"] == 2
+    assert run.summary.recorded.errors == 0
+    with pytest.raises(Exception, match="what-if run of a trace with an input log"):
+        replay.resim(trace, keep={"r1"})
