@@ -92,3 +92,28 @@ def assert_re_runs_identically(trace: Path, engine: str | None = None):
     assert s.identical_steps == s.steps == len(results) > 0
     assert s.notes[0].startswith("inputs from the recorded input log"), s.notes
     return s
+
+
+def record_workload(cls, model: str, path: Path, requests: int = 60) -> int:
+    """`requests` requests of staggered lengths, all added at the start, recorded with `cls`
+    in place of vLLM's Scheduler on a batch of 4 until they have all finished: over a
+    thousand steps. Returns the steps recorded."""
+    import vllm.v1.core.sched.scheduler as sched_mod
+
+    from vllm_contract.recorder import attach
+    from vllm_contract.rig.harness import Harness, HarnessConfig
+    from vllm_contract.rig.scenarios import prompt
+
+    stock, sched_mod.Scheduler = sched_mod.Scheduler, cls
+    try:
+        h = Harness(model, HarnessConfig(max_num_seqs=4, max_num_batched_tokens=128))
+    finally:
+        sched_mod.Scheduler = stock
+    steps = 0
+    with attach(h.scheduler, path):
+        for i in range(requests):
+            h.add(f"w{i}", prompt(i, 20), max_tokens=50 + (i * 37) % 60)
+        while h.busy:
+            h.step()
+            steps += 1
+    return steps

@@ -1,0 +1,63 @@
+"""`reduce`: a recording with a finding cut down to the fewest requests and steps whose
+re-run by the scheduler still shows it (docs/reduce.md)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from vllm_contract.cli.common import Progress, err, fail, quiet_vllm
+from vllm_contract.errors import TraceError
+
+app = typer.Typer()
+
+
+@app.command()
+def reduce(
+    trace: Annotated[Path, typer.Argument(help="Trace directory (format 3: an input log).")],
+    finding: Annotated[str, typer.Option("--finding", metavar="INVARIANT",
+                                         help="The catalog invariant whose finding to keep.")],
+    out: Annotated[Path, typer.Option("--out", metavar="DIR", help="A new directory: the "
+                                      "reduced trace (DIR/trace) and its report (DIR/README.md)."
+                                      )],
+    step: Annotated[Optional[int], typer.Option("--step", help="The finding at this step of "
+                                                "the recording (of several).")] = None,
+    req: Annotated[Optional[str], typer.Option("--req", metavar="ID", help="The finding on "
+                                               "this request, kept in every candidate.")] = None,
+    scheduler_cls: Annotated[Optional[str], typer.Option(
+        "--scheduler-cls", metavar="MODULE:CLASS", help="The scheduler the finding is blamed "
+        "on (a patched or buggy one); default the installed vLLM's.")] = None,
+    engine: Annotated[Optional[str], typer.Option("--engine", help="Engine name (needed when "
+                                                  "the trace has several).")] = None,
+    max_seconds: Annotated[Optional[float], typer.Option(
+        "--max-seconds", help="Stop after this long with the best reduction so far.")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="The result as JSON.")] = False,
+) -> None:
+    """Reduce a recording to a small one that still has FINDING when the scheduler re-runs
+    it: whole requests are taken out (with their aborts), then the steps after the finding.
+    Ctrl-C or --max-seconds keeps the best so far. Exit 0: reduced; 2: unusable input, or a
+    finding that the re-run does not show (not the scheduler's doing)."""
+    quiet_vllm()
+    from vllm_contract.replay.resim.reduce import reduce as run_reduce
+
+    bar = Progress()
+    try:
+        result = run_reduce(trace, finding, out, engine=engine, scheduler_cls=scheduler_cls,
+                            step=step, req=req, max_seconds=max_seconds, progress=bar.show)
+    except TraceError as e:
+        bar.end()
+        fail(e)
+    bar.end()
+    if result.stopped:
+        err(f"vllm-contract: note: stopped early ({result.stopped}): the best reduction so far")
+    if json_out:
+        typer.echo(json.dumps(result.as_dict(), indent=2))
+        return
+    typer.echo(f"{result.invariant}: {result.original_requests:,} → "
+               f"{len(result.best.requests):,} request(s), {result.original_steps:,} → "
+               f"{result.best_steps:,} step(s), {result.calls:,} re-simulations, "
+               f"{result.seconds:.1f} s")
+    typer.echo(f"the reduced trace: {result.trace}; the report: {out / 'README.md'}")

@@ -1,0 +1,279 @@
+"""`vllm-contract reduce`: a recording with a finding cut down to the fewest requests and
+steps whose re-run still shows it (docs/reduce.md). A candidate is always a valid execution:
+some of the recorded requests, each with its own adds, aborts and recorded tokens, re-run by
+the real scheduler (a what-if run, whatif.py, of only those requests) up to a step; never an
+edit of the emitted outputs. The test of a candidate is that run recorded and checked with the
+catalog: interesting when it has a finding of the asked invariant and none the original
+recording lacked (no `trace.*`)."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from vllm_contract.errors import TraceError
+
+
+@dataclass(frozen=True)
+class Candidate:
+    requests: tuple[str, ...]  # the kept requests' ids, in their order of first add
+    until: int | None = None  # the re-run stops after this step of the recording's clock
+
+
+@dataclass
+class Outcome:
+    interesting: bool
+    steps: int = 0
+    findings: list[Any] = field(default_factory=list)  # the catalog's, at warning or above
+    trace: Path | None = None
+
+
+@dataclass
+class Result:
+    invariant: str
+    original_requests: int
+    original_steps: int
+    best: Candidate
+    best_steps: int
+    calls: int
+    seconds: float
+    stopped: str | None = None  # why it ended early: "--max-seconds", "interrupted"
+    findings: list[Any] = field(default_factory=list)
+    trace: Path | None = None
+
+    def as_dict(self) -> dict:
+        return {"invariant": self.invariant, "requests_before": self.original_requests,
+                "requests_after": len(self.best.requests), "requests": list(self.best.requests),
+                "steps_before": self.original_steps, "steps_after": self.best_steps,
+                "until": self.best.until, "calls": self.calls,
+                "seconds": round(self.seconds, 2), "stopped": self.stopped,
+                "trace": None if self.trace is None else str(self.trace),
+                "findings": [_said(f) for f in self.findings]}
+
+
+def _said(f: Any) -> str:
+    where = f" at step {f.step}" if f.step is not None else ""
+    return f"{f.invariant}{where}" + (f" ({f.req_id})" if f.req_id else "")
+
+
+def catalog_findings(trace: Path) -> list[Any]:
+    """The catalog's findings at warning or above, as `vllm-contract check` finds them."""
+    from vllm_contract.replay.query import catalog, checker
+    from vllm_contract.replay.query.gateway import Gateway
+
+    with Gateway(trace) as gw:
+        return checker.run(gw, catalog.load(None)).at_or_above("warning")
+
+
+class _Stop(Exception):
+    """--max-seconds reached: the best candidate so far is the result."""
+
+
+class Reducer:
+    """ddmin over the recorded requests, then one at a time, then the step tail, repeated to
+    a fixpoint; every candidate re-run once (cached by its content)."""
+
+    def __init__(self, trace: Path, invariant: str, work: Path, *, engine: str | None = None,
+                 scheduler_cls: str | None = None, req: str | None = None,
+                 progress: Callable[[str], None] | None = None) -> None:
+        self.trace, self.invariant, self.work = Path(trace), invariant, Path(work)
+        self.engine, self.scheduler_cls, self.req = engine, scheduler_cls, req
+        self.deadline: float | None = None  # time.monotonic() past which no re-run starts
+        self.progress = progress or (lambda text: None)
+        self.cache: dict[Candidate, Outcome] = {}
+        self.calls = 0
+        self.allowed: set[str] = set()  # the invariants the original recording has
+        self.best: Candidate | None = None
+        self.best_outcome: Outcome | None = None
+
+    # -- the test ----------------------------------------------------------------------------
+    def test(self, cand: Candidate) -> bool:
+        if cand in self.cache:
+            return self.cache[cand].interesting
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            raise _Stop
+        from vllm_contract.replay.resim.run import resim
+
+        self.calls += 1
+        out = self.work / f"candidate-{self.calls}"
+        run = resim(self.trace, self.engine, self.scheduler_cls, whatif=True,
+                    keep=cand.requests, until=cand.until, out=out)
+        run.check_recording = False  # the original's findings are known: not checked again
+        steps = sum(1 for _ in run)
+        rec = run.summary.recorded
+        found = list(rec.found or []) if rec is not None else []
+        hit = [f for f in found if f.invariant == self.invariant
+               and (self.req is None or f.req_id == self.req)]
+        other = {f.invariant for f in found} - self.allowed - {self.invariant}
+        outcome = Outcome(bool(hit) and not other and not run.summary.stopped, steps, found, out)
+        self.cache[cand] = outcome
+        if outcome.interesting and (self.best_outcome is None or (
+                len(cand.requests), steps) < (len(self.best.requests), self.best_outcome.steps)):
+            if self.best_outcome is not None and self.best_outcome.trace is not None:
+                shutil.rmtree(self.best_outcome.trace, ignore_errors=True)
+            self.best, self.best_outcome = cand, outcome
+        elif out.exists():
+            shutil.rmtree(out, ignore_errors=True)
+        self.progress(f"reducing {self.invariant}: {len(self.best.requests) if self.best else '-'}"
+                      f" request(s), {self.best_outcome.steps if self.best_outcome else '-'} "
+                      f"step(s); {self.calls} re-run(s)")
+        return outcome.interesting
+
+    # -- the strategy ------------------------------------------------------------------------
+    def ddmin(self, cand: Candidate) -> Candidate:
+        """Zeller's ddmin over the requests (the pinned --req never removed)."""
+        pinned = [r for r in cand.requests if r == self.req]
+        items = [r for r in cand.requests if r != self.req]
+        n = 2
+        while len(items) >= 2:
+            size = max(1, len(items) // n)
+            chunks = [items[i:i + size] for i in range(0, len(items), size)]
+            reduced = False
+            for chunk in chunks:  # a subset alone
+                c = self._with(cand, pinned, chunk)
+                if self.test(c):
+                    items, n, reduced = chunk, 2, True
+                    break
+            if not reduced and len(chunks) > 2:
+                for i in range(len(chunks)):  # a complement
+                    rest = [r for j, ch in enumerate(chunks) if j != i for r in ch]
+                    if self.test(self._with(cand, pinned, rest)):
+                        items, n, reduced = rest, max(n - 1, 2), True
+                        break
+            if not reduced:
+                if n >= len(items):
+                    break
+                n = min(len(items), 2 * n)
+        return self._with(cand, pinned, items)
+
+    def one_at_a_time(self, cand: Candidate) -> Candidate:
+        for r in list(cand.requests):
+            if r == self.req or len(cand.requests) == 1:
+                continue
+            c = Candidate(tuple(x for x in cand.requests if x != r), cand.until)
+            if self.test(c):
+                cand = c
+        return cand
+
+    def tail(self, cand: Candidate, first: int, last: int) -> Candidate:
+        """The earliest --until in [first, last] that keeps the finding (a binary search: a
+        finding seen by a step stays seen by a later one)."""
+        lo, hi = first, last
+        if not self.test(Candidate(cand.requests, hi)):
+            return cand
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self.test(Candidate(cand.requests, mid)):
+                hi = mid
+            else:
+                lo = mid + 1
+        return Candidate(cand.requests, hi)
+
+    def run(self, requests: list[str], first_step: int, last_step: int) -> Candidate:
+        cand = Candidate(tuple(requests))
+        while True:
+            before = cand
+            cand = self.one_at_a_time(self.ddmin(cand))
+            cand = self.tail(cand, first_step, cand.until if cand.until is not None
+                             else last_step)
+            if cand == before:
+                return cand
+
+    @staticmethod
+    def _with(cand: Candidate, pinned: list[str], items: list[str]) -> Candidate:
+        keep = set(pinned) | set(items)
+        return Candidate(tuple(r for r in cand.requests if r in keep), cand.until)
+
+
+def reduce(trace: str | Path, invariant: str, out: str | Path, *, engine: str | None = None,
+           scheduler_cls: str | None = None, step: int | None = None, req: str | None = None,
+           max_seconds: float | None = None,
+           progress: Callable[[str], None] | None = None) -> Result:
+    """Reduce `trace` to the fewest requests and steps whose re-run with `scheduler_cls` (the
+    one the finding is blamed on; default the installed vLLM's) still has a finding of
+    `invariant`; the reduced recording is written to OUT/trace and a report to
+    OUT/README.md. `step`/`req`: which of the original's findings (and `req` is kept in every
+    candidate, its finding the one looked for). Raises TraceError for unusable input and for
+    a finding that the re-run of the whole recording does not show."""
+    from vllm_contract.replay.resim.run import _open
+    from vllm_contract.replay.resim.inputs import derive
+
+    trace, out = Path(trace), Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise TraceError(f"--out {out} already exists and is not an empty directory")
+    eng = _open(trace, engine)
+    inputs = derive(eng)
+    if not inputs.logged or inputs.added is None:
+        raise TraceError("reduce needs the recorded scheduler inputs (format 3, an input log): "
+                         "this trace has none; record it again with this version")
+    original = [f for f in catalog_findings(trace) if f.engine in (None, eng.name)]
+    asked = [f for f in original if f.invariant == invariant
+             and (step is None or f.step == step) and (req is None or f.req_id == req)]
+    if not asked:
+        where = "".join([f" at step {step}" if step is not None else "",
+                         f" for {req}" if req is not None else ""])
+        have = sorted({f.invariant for f in original})
+        raise TraceError(f"the trace has no {invariant} finding{where} (it has: "
+                         f"{', '.join(have) if have else 'none'})")
+    requests = list(dict.fromkeys(inputs.added.table["req_id"].to_pylist()))
+    if req is not None and req not in requests:
+        raise TraceError(f"--req {req}: no such request in the input log")
+    first, last = min(inputs.plains), max(inputs.plains)
+    t0 = time.monotonic()
+    out.mkdir(parents=True, exist_ok=True)
+    work = out / ".candidates"
+    r = Reducer(trace, invariant, work, engine=eng.name, scheduler_cls=scheduler_cls, req=req)
+    r.allowed = {f.invariant for f in original}
+    stopped = None
+    try:
+        whole = r.test(Candidate(tuple(requests)))  # always run: the best is at least this
+        if max_seconds is not None:
+            r.deadline = t0 + max_seconds
+        r.progress = progress or r.progress  # from here on: the first run is the check
+        if not whole:
+            shutil.rmtree(out, ignore_errors=True)
+            raise TraceError(f"{invariant} does not survive re-simulation: the scheduler's "
+                             "re-run of the recorded inputs does not show it (not the "
+                             "scheduler's doing: transport, worker, or an input not "
+                             "recorded); try `vllm-contract replay --worker shadow`")
+        r.run(requests, first, last)
+    except _Stop:
+        stopped = "--max-seconds"
+    except KeyboardInterrupt:
+        stopped = "interrupted"
+    best, outcome = r.best, r.best_outcome
+    reduced = out / "trace"
+    shutil.move(str(outcome.trace), reduced)
+    shutil.rmtree(work, ignore_errors=True)
+    result = Result(invariant, len(requests), len(inputs.plains), best, outcome.steps, r.calls,
+                    time.monotonic() - t0, stopped, outcome.findings, reduced)
+    (out / "README.md").write_text(report(result, trace, scheduler_cls, asked[0]))
+    return result
+
+
+def report(r: Result, trace: Path, scheduler_cls: str | None, finding: Any) -> str:
+    """The reduction's README: the finding, what was cut, how long it took."""
+    from vllm_contract.replay.query import catalog
+
+    why = next((i.why for i in catalog.load(None) if i.id == r.invariant), "") or ""
+    lines = [f"# {r.invariant}: reduced", "",
+             f"From `{trace}` ({_said(finding)}: {finding.title or finding.details}).", "",
+             "| | requests | steps |", "|---|---|---|",
+             f"| recording | {r.original_requests:,} | {r.original_steps:,} |",
+             f"| reduced | {len(r.best.requests):,} | {r.best_steps:,} |", "",
+             f"Requests kept: {', '.join(f'`{x}`' for x in r.best.requests)}"
+             + (f"; the re-run stops after step {r.best.until:,} of the recording's clock."
+                if r.best.until is not None else "."), "",
+             f"Scheduler: `{scheduler_cls or 'the installed vLLM Scheduler'}`. "
+             f"{r.calls:,} re-simulations, {r.seconds:.1f} s"
+             + (f" (stopped early: {r.stopped}; the best so far)." if r.stopped else "."), "",
+             "The reduced recording (`trace/`) is the scheduler's re-run of those requests, "
+             "recorded; `vllm-contract check trace`, `tui`, `replay` and `resim` open it. "
+             "Its findings:", ""]
+    lines += [f"- {_said(f)}: {f.title or f.details}" for f in r.findings] or ["- none"]
+    if why:
+        lines += ["", "Why it matters:", "", why.strip()]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,92 @@
+"""`reduce` on the real vLLM Scheduler (no mocks): a recording of DropFinishedOnce (a Scheduler
+subclass that loses one finished id) over 60 requests and more than a thousand steps is cut
+down to at most 3 requests and 10 % of the steps, the reduced trace still has the finding and
+none the original lacked; the stock Scheduler's re-run does not show it (not the re-run's
+doing: one line, exit 2); --max-seconds keeps the best so far."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from vllm_contract.cli import app
+from vllm_contract.errors import TraceError
+from vllm_contract.replay.resim.reduce import catalog_findings, reduce
+
+import resimkit
+
+BUG = "reduce_bug_sched:DropFinishedOnce"
+
+
+@pytest.fixture(scope="module")
+def recording(tiny_model, tmp_path_factory):
+    root = tmp_path_factory.mktemp("reduce")
+    with resimkit.bug_scheduler(root, "reduce_bug_sched") as bug:
+        steps = resimkit.record_workload(bug, tiny_model, root / "bug")
+        yield root / "bug", steps
+
+
+def test_a_leaked_finish_is_reduced_to_a_few_requests_and_steps(recording, tmp_path):
+    trace, steps = recording
+    assert steps >= 1000
+    original = catalog_findings(trace)
+    assert "finished.leaked" in {f.invariant for f in original}
+    r = reduce(trace, "finished.leaked", tmp_path / "out", scheduler_cls=BUG)
+    assert r.original_requests == 60 and r.original_steps == steps
+    assert 1 <= len(r.best.requests) <= 3
+    assert r.best_steps <= steps // 10
+    assert r.stopped is None and r.calls >= 2
+    # the reduced trace is a trace: the catalog finds the leak again, and nothing new
+    found = catalog_findings(r.trace)
+    assert "finished.leaked" in {f.invariant for f in found}
+    assert {f.invariant for f in found} <= {f.invariant for f in original}
+    assert not any(f.invariant.startswith("trace.") for f in found)
+    readme = (tmp_path / "out" / "README.md").read_text()
+    assert "finished.leaked" in readme and "| recording | 60 |" in readme
+    assert f"| reduced | {len(r.best.requests)} |" in readme
+    assert not (tmp_path / "out" / ".candidates").exists()
+
+
+def test_a_finding_the_stock_scheduler_does_not_make_is_refused_in_one_line(recording,
+                                                                             tmp_path):
+    trace, _ = recording
+    with pytest.raises(TraceError, match="does not survive re-simulation.*--worker shadow"):
+        reduce(trace, "finished.leaked", tmp_path / "stock")
+    assert not (tmp_path / "stock").exists()
+    r = CliRunner().invoke(app, ["reduce", str(trace), "--finding", "finished.leaked", "--out",
+                                 str(tmp_path / "stock-cli")])
+    assert r.exit_code == 2 and len(r.stderr.splitlines()) == 1, r.stderr
+    assert "does not survive re-simulation" in r.stderr and "Traceback" not in r.output
+
+
+def test_unusable_input_is_one_line(recording, tmp_path):
+    trace, _ = recording
+
+    def run(*args):
+        return CliRunner().invoke(app, ["reduce", *map(str, args)])
+
+    r = run(trace, "--finding", "blocks.no_such_check", "--out", tmp_path / "a")
+    assert r.exit_code == 2 and "has no blocks.no_such_check finding" in r.stderr
+    assert "finished.leaked" in r.stderr  # what it has instead
+    r = run(resimkit.without_input_log(trace, tmp_path / "v2"), "--finding", "finished.leaked",
+            "--out", tmp_path / "b")
+    assert r.exit_code == 2 and "input log" in r.stderr
+    (tmp_path / "used").mkdir()
+    (tmp_path / "used" / "x").write_text("")
+    r = run(trace, "--finding", "finished.leaked", "--out", tmp_path / "used")
+    assert r.exit_code == 2 and "already exists" in r.stderr
+
+
+def test_max_seconds_keeps_the_best_so_far(recording, tmp_path):
+    trace, steps = recording
+    r = CliRunner().invoke(app, ["reduce", str(trace), "--finding", "finished.leaked",
+                                 "--scheduler-cls", BUG, "--out", str(tmp_path / "out"),
+                                 "--max-seconds", "0", "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["stopped"] == "--max-seconds" and out["calls"] == 1
+    assert out["requests_after"] == 60  # the whole recording re-run: the only candidate run
+    assert "stopped early (--max-seconds)" in r.stderr
+    assert any(f.startswith("finished.leaked") for f in out["findings"])
