@@ -43,6 +43,8 @@ class Result:
     stopped: str | None = None  # why it ended early: "--max-seconds", "interrupted"
     findings: list[Any] = field(default_factory=list)
     trace: Path | None = None
+    pytest_file: Path | None = None
+    no_pytest: str | None = None  # why no pytest file was written
 
     def as_dict(self) -> dict:
         return {"invariant": self.invariant, "requests_before": self.original_requests,
@@ -51,6 +53,8 @@ class Result:
                 "until": self.best.until, "calls": self.calls,
                 "seconds": round(self.seconds, 2), "stopped": self.stopped,
                 "trace": None if self.trace is None else str(self.trace),
+                "pytest_file": None if self.pytest_file is None else str(self.pytest_file),
+                "no_pytest_file": self.no_pytest,
                 "findings": [_said(f) for f in self.findings]}
 
 
@@ -250,8 +254,24 @@ def reduce(trace: str | Path, invariant: str, out: str | Path, *, engine: str | 
     shutil.rmtree(work, ignore_errors=True)
     result = Result(invariant, len(requests), len(inputs.plains), best, outcome.steps, r.calls,
                     time.monotonic() - t0, stopped, outcome.findings, reduced)
+    _emit(result, trace, scheduler_cls, out)
     (out / "README.md").write_text(report(result, trace, scheduler_cls, asked[0]))
     return result
+
+
+def _emit(result: Result, trace: Path, scheduler_cls: str | None, out: Path) -> None:
+    from vllm_contract.replay.query import catalog
+    from vllm_contract.replay.resim.emit import pytest_file
+
+    inv = next((i for i in catalog.load(None) if i.id == result.invariant), None)
+    try:
+        text = pytest_file(result.trace, result.invariant, inv.title if inv else "",
+                           inv.why if inv else "", str(trace), scheduler_cls)
+    except TraceError as e:
+        result.no_pytest = str(e)
+        return
+    result.pytest_file = out / f"test_{result.invariant.replace('.', '_')}.py"
+    result.pytest_file.write_text(text)
 
 
 def report(r: Result, trace: Path, scheduler_cls: str | None, finding: Any) -> str:
@@ -274,6 +294,13 @@ def report(r: Result, trace: Path, scheduler_cls: str | None, finding: Any) -> s
              "recorded; `vllm-contract check trace`, `tui`, `replay` and `resim` open it. "
              "Its findings:", ""]
     lines += [f"- {_said(f)}: {f.title or f.details}" for f in r.findings] or ["- none"]
+    if r.pytest_file is not None:
+        lines += ["", f"`{r.pytest_file.name}` is a standalone test of the contract (vLLM and "
+                  "pytest only): it fails with the scheduler above and passes once the bug is "
+                  "fixed; `VLLM_SCHEDULER_CLS=module:Class pytest "
+                  f"{r.pytest_file.name}` picks the scheduler (default vLLM's own)."]
+    else:
+        lines += ["", f"No pytest file: {r.no_pytest}."]
     if why:
         lines += ["", "Why it matters:", "", why.strip()]
     return "\n".join(lines) + "\n"

@@ -1,8 +1,9 @@
 """`reduce` on the real vLLM Scheduler (no mocks): a recording of DropFinishedOnce (a Scheduler
 subclass that loses one finished id) over 60 requests and more than a thousand steps is cut
 down to at most 3 requests and 10 % of the steps, the reduced trace still has the finding and
-none the original lacked; the stock Scheduler's re-run does not show it (not the re-run's
-doing: one line, exit 2); --max-seconds keeps the best so far."""
+none the original lacked, and the emitted pytest file (vLLM and pytest only) fails with the
+subclass and passes with vLLM's Scheduler; the stock Scheduler's re-run does not show the
+finding (not the re-run's doing: one line, exit 2); --max-seconds keeps the best so far."""
 
 from __future__ import annotations
 
@@ -47,6 +48,29 @@ def test_a_leaked_finish_is_reduced_to_a_few_requests_and_steps(recording, tmp_p
     assert "finished.leaked" in readme and "| recording | 60 |" in readme
     assert f"| reduced | {len(r.best.requests)} |" in readme
     assert not (tmp_path / "out" / ".candidates").exists()
+    # the standalone pytest file: vLLM and pytest only; fails with the bug, passes without
+    assert r.pytest_file == tmp_path / "out" / "test_finished_leaked.py"
+    text = r.pytest_file.read_text()
+    assert "vllm_contract" not in text and r.pytest_file.name in readme
+    bug_dir = str(trace.parent)
+    failed = _pytest(r.pytest_file, VLLM_SCHEDULER_CLS=BUG, PYTHONPATH=bug_dir)
+    assert failed.returncode == 1, failed.stdout[-2000:]
+    assert "is not in its finished_req_ids" in failed.stdout
+    assert "leaks that state" in failed.stdout  # the invariant's why, as the message
+    passed = _pytest(r.pytest_file)
+    assert passed.returncode == 0, passed.stdout[-2000:]
+
+
+def _pytest(path, **env):
+    """The emitted file run by pytest in a fresh process, from its own directory (no conftest
+    of this project in reach)."""
+    import os
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           "--rootdir", str(path.parent), path.name], cwd=path.parent,
+                          env={**os.environ, **env}, capture_output=True, text=True, timeout=300)
 
 
 def test_a_finding_the_stock_scheduler_does_not_make_is_refused_in_one_line(recording,

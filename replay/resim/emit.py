@@ -1,0 +1,195 @@
+"""The standalone pytest file of a reduction (docs/reduce.md, "The pytest file"): the reduced
+recording's requests, settings and tokens written out as data, and a test that drives a
+scheduler built with vLLM's API over them, asserting the contract the finding names after
+every step. The file imports vLLM and pytest only, so that it can be pasted into vLLM's tests."""
+
+from __future__ import annotations
+
+import json
+import pprint
+from pathlib import Path
+
+from vllm_contract.errors import TraceError
+
+_STOCK = "vllm.v1.core.sched.scheduler:Scheduler"
+# the sampling parameters the scheduler reads (stop checks, lengths); the rest is the sampler's
+_SAMPLING = ("n", "max_tokens", "min_tokens", "ignore_eos", "stop_token_ids", "temperature",
+             "seed", "logprobs", "prompt_logprobs")
+# set by vLLM's input processor, not by the constructor: the stop checks read them
+_PRIVATE = ("_all_stop_token_ids", "_eos_token_id")
+_ENGINE = ("max_model_len", "max_num_batched_tokens", "max_num_seqs", "enable_prefix_caching",
+           "seed")
+
+# each invariant a file can assert, as the body of `check(step, so, owed)`: `owed`, the ids
+# that finished (an update's finish or an abort) since the last schedule(); an assert's
+# message ends with the invariant's why
+CONTRACTS = {
+    "finished.leaked": '''\
+    missing = owed - set(so.finished_req_ids)
+    assert not missing, (f"step {step}: {sorted(missing)} finished before this schedule() but "
+                         f"is not in its finished_req_ids. {WHY}")''',
+}
+
+_TEMPLATE = '''\
+"""Reproducer of {invariant}: {title}
+
+Emitted by `vllm-contract reduce` from {source}: {requests} request(s) over {steps} step(s).
+It builds the scheduler with vLLM's API from the recorded settings (the model's config is read,
+not its weights), adds each request at its recorded step, gives it the tokens it was recorded
+producing (by output position) and checks the contract after every schedule(). It fails with
+the scheduler the finding was recorded with and passes once that is fixed. Choose the scheduler
+with VLLM_SCHEDULER_CLS=module:Class (default vLLM's own; the finding was recorded with
+{recorded}). Needs vLLM and pytest only.
+"""
+
+import importlib
+import os
+
+import torch
+from vllm import SamplingParams
+from vllm.engine.arg_utils import EngineArgs
+from vllm.v1 import kv_cache_interface as kvi
+from vllm.v1.outputs import ModelRunnerOutput
+from vllm.v1.request import Request, RequestStatus
+from vllm.v1.structured_output import StructuredOutputManager
+
+SCHEDULER = os.environ.get("VLLM_SCHEDULER_CLS", {stock!r})
+MODEL = {model!r}
+ENGINE = {engine}
+NUM_BLOCKS = {num_blocks}
+BLOCK_SIZE = {block_size}
+STEPS = {steps}
+WHY = {why!r}
+# (step whose schedule() it comes before, request id, prompt token ids, sampling parameters,
+# the private ones vLLM's input processor sets, the tokens it produces in order)
+REQUESTS = {requests_data}
+# step -> the (request id, status) aborts made before its schedule()
+ABORTS = {aborts}
+
+
+def build():
+    module, _, name = SCHEDULER.partition(":")
+    cls = getattr(importlib.import_module(module), name)
+    vc = EngineArgs(model=MODEL, block_size=BLOCK_SIZE, enforce_eager=True,
+                    skip_tokenizer_init=True, **ENGINE).create_engine_config()
+    vc.cache_config.num_gpu_blocks = NUM_BLOCKS
+    spec = kvi.FullAttentionSpec(block_size=BLOCK_SIZE, num_kv_heads=1, head_size=16,
+                                 dtype=torch.float32)
+    kv = kvi.KVCacheConfig(num_blocks=NUM_BLOCKS, kv_cache_tensors=[],
+                           kv_cache_groups=[kvi.KVCacheGroupSpec(["layer0"], spec)])
+    hasher = None
+    if vc.cache_config.enable_prefix_caching:
+        from vllm.utils.hashing import get_hash_fn_by_name
+        from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+
+        fn = get_hash_fn_by_name(vc.cache_config.prefix_caching_hash_algo)
+        init_none_hash(fn)
+        hasher = get_request_block_hasher(BLOCK_SIZE, fn)
+    sched = cls(vllm_config=vc, kv_cache_config=kv,
+                structured_output_manager=StructuredOutputManager(vc), block_size=BLOCK_SIZE,
+                hash_block_size=BLOCK_SIZE, log_stats=False)
+    return sched, hasher
+
+
+def request(req_id, prompt, sampling, private, arrival, hasher):
+    params = SamplingParams(**sampling)
+    for k, v in private.items():
+        setattr(params, k, set(v) if isinstance(v, list) else v)
+    return Request(request_id=req_id, prompt_token_ids=list(prompt), sampling_params=params,
+                   pooling_params=None, arrival_time=arrival, block_hasher=hasher)
+
+
+def check(step, so, owed):
+{contract}
+
+
+def test_{name}():
+    sched, hasher = build()
+    tokens = {{}}
+    owed = set()
+    for step in range(STEPS):  # as many schedule() calls as the recording made
+        for i, (at, req_id, prompt, sampling, private, produced) in enumerate(REQUESTS):
+            if at == step:
+                tokens[req_id] = produced
+                sched.add_request(request(req_id, prompt, sampling, private, float(i), hasher))
+        for req_id, status in ABORTS.get(step, []):
+            if req_id in sched.requests:
+                sched.finish_requests(req_id, RequestStatus[status])
+                owed.add(req_id)
+        so = sched.schedule()
+        check(step, so, owed)
+        owed = set()
+        chunks = {{r: sched.requests[r].is_prefill_chunk for r in so.num_scheduled_tokens
+                  if r in sched.requests}}
+        req_ids, sampled = [], []
+        for r in so.num_scheduled_tokens:
+            if r not in chunks:
+                continue
+            req_ids.append(r)
+            req = sched.requests[r]
+            pos = req.num_output_tokens
+            if chunks[r]:
+                sampled.append([])
+            else:
+                sampled.append([tokens[r][pos] if pos < len(tokens[r]) else 0])
+        out = ModelRunnerOutput(req_ids=req_ids,
+                                req_id_to_index={{r: i for i, r in enumerate(req_ids)}},
+                                sampled_token_ids=sampled)
+        for eco in sched.update_from_output(so, out).values():
+            owed |= {{o.request_id for o in eco.outputs if o.finish_reason is not None}}
+'''
+
+
+def pytest_file(reduced: Path, invariant: str, title: str, why: str, source: str,
+                scheduler_cls: str | None) -> str:
+    """The text of the standalone test for the reduced recording at `reduced`; TraceError
+    (said in the report instead) where it cannot be written."""
+    from vllm_contract.replay.worker.plan import pick_engine
+    from vllm_contract.trace import open_trace
+
+    if invariant not in CONTRACTS:
+        raise TraceError(f"no pytest form of {invariant} yet (written for: "
+                         f"{', '.join(sorted(CONTRACTS))})")
+    eng = pick_engine(open_trace(reduced), None)
+    e = eng.manifest.get("engine") or {}
+    groups = e.get("kv_cache_groups") or [{"spec": "FullAttentionSpec"}]
+    if len(groups) != 1 or groups[0].get("spec") != "FullAttentionSpec" or e.get("speculative"):
+        raise TraceError("the pytest file builds one full-attention KV cache group without "
+                         "speculative decoding; this recording has more")
+    added = sorted(eng.read("added").to_pylist(), key=lambda r: r["seq"])
+    ids = [r["req_id"] for r in added]
+    if len(set(ids)) != len(ids):
+        raise TraceError("the pytest file gives each request id one incarnation; an id is "
+                         "reused here")
+    produced: dict[str, list[tuple[int, int, list[int]]]] = {}
+    for r in eng.read("model_outputs", ["step", "req_id", "pos", "sampled_token_ids"]).to_pylist():
+        if r["sampled_token_ids"]:
+            produced.setdefault(r["req_id"], []).append(
+                (r["step"], r["pos"] or 0, list(r["sampled_token_ids"])))
+    requests = []
+    for r in added:
+        if r["prompt_token_ids"] is None:
+            raise TraceError("the recording's prompts are redacted: the pytest file needs them")
+        sp = json.loads(r["sampling_params"] or "{}")
+        if sp.get("structured_outputs"):
+            raise TraceError("structured output requests are not written to a pytest file yet")
+        sampling = {k: sp[k] for k in _SAMPLING if sp.get(k) is not None}
+        private = {k: sp[k] for k in _PRIVATE if sp.get(k) is not None}
+        toks = [t for _, _, ts in sorted(produced.get(r["req_id"], [])) for t in ts]
+        # `step`: the schedule() calls before it, less one (the recorder's numbering)
+        requests.append((int(r["step"]) + 1, r["req_id"], list(r["prompt_token_ids"]),
+                         sampling, private, toks))
+    aborts: dict[int, list] = {}
+    for r in eng.read("inputs").to_pylist():
+        if r["call"] == "finish_requests" and r["req_id"]:
+            aborts.setdefault(int(r["step"]) + 1, []).append(
+                (r["req_id"], r["status"] or "FINISHED_ABORTED"))
+    steps = len(eng.read("steps", ["step"]))
+    return _TEMPLATE.format(
+        invariant=invariant, title=title, source=source, requests=len(requests), steps=steps,
+        stock=_STOCK, recorded=scheduler_cls or _STOCK, model=str(e.get("model")),
+        engine=pprint.pformat({k: e[k] for k in _ENGINE if e.get(k) is not None}, width=90),
+        num_blocks=int(e["num_kv_blocks"]), block_size=int(e["block_size"]), why=" ".join(
+            why.split()), requests_data=pprint.pformat(requests, width=96, compact=True),
+        aborts=pprint.pformat(aborts, width=96), contract=CONTRACTS[invariant],
+        name=invariant.replace(".", "_"))
