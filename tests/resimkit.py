@@ -27,6 +27,18 @@ class DropFinishedOnce(Scheduler):
         return so
 
 
+class ForgetNewOnce(Scheduler):
+    """Leaves one request out of scheduled_new_reqs once: the worker never learns it."""
+
+    forgotten = None
+
+    def schedule(self, *args, **kwargs):
+        so = super().schedule(*args, **kwargs)
+        if self.forgotten is None and so.scheduled_new_reqs:
+            self.forgotten = so.scheduled_new_reqs.pop().req_id
+        return so
+
+
 class RaisesOnThirdSchedule(Scheduler):
     calls = 0
 
@@ -40,8 +52,9 @@ class RaisesOnThirdSchedule(Scheduler):
 
 @contextlib.contextmanager
 def bug_scheduler(where: Path, module: str):
-    """DropFinishedOnce, written as `module` under `where` and importable by that name while
-    the block runs (each test file names its own: one module per name in sys.modules)."""
+    """DropFinishedOnce, written as `module` under `where` (with ForgetNewOnce and
+    RaisesOnThirdSchedule beside it) and importable by that name while the block runs (each
+    test file names its own: one module per name in sys.modules)."""
     (where / f"{module}.py").write_text(BUG_MODULE)
     sys.path.insert(0, str(where))
     try:

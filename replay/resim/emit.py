@@ -20,10 +20,15 @@ _PRIVATE = ("_all_stop_token_ids", "_eos_token_id")
 _ENGINE = ("max_model_len", "max_num_batched_tokens", "max_num_seqs", "enable_prefix_caching",
            "seed")
 
-# each invariant a file can assert, as the body of `check(step, so, owed)`: `owed`, the ids
-# that finished (an update's finish or an abort) since the last schedule(); an assert's
+# each invariant a file can assert, as the body of `check(step, so, owed, known)`: `owed`, the
+# ids that finished (an update's finish or an abort) since the last schedule(); `known`, the
+# ids the worker holds (kept up to date by the test, as _update_states does); an assert's
 # message ends with the invariant's why
 CONTRACTS = {
+    "lifecycle.unknown_cached": '''\
+    unknown = set(so.scheduled_cached_reqs.req_ids) - known
+    assert not unknown, (f"step {step}: {sorted(unknown)} scheduled as cached but never sent "
+                         f"in scheduled_new_reqs. {WHY}")''',
     "finished.leaked": '''\
     missing = owed - set(so.finished_req_ids)
     assert not missing, (f"step {step}: {sorted(missing)} finished before this schedule() but "
@@ -99,14 +104,14 @@ def request(req_id, prompt, sampling, private, arrival, hasher):
                    pooling_params=None, arrival_time=arrival, block_hasher=hasher)
 
 
-def check(step, so, owed):
+def check(step, so, owed, known):
 {contract}
 
 
 def test_{name}():
     sched, hasher = build()
     tokens = {{}}
-    owed = set()
+    owed, known = set(), set()  # finished since the last schedule(); held by the worker
     for step in range(STEPS):  # as many schedule() calls as the recording made
         for i, (at, req_id, prompt, sampling, private, produced) in enumerate(REQUESTS):
             if at == step:
@@ -117,7 +122,9 @@ def test_{name}():
                 sched.finish_requests(req_id, RequestStatus[status])
                 owed.add(req_id)
         so = sched.schedule()
-        check(step, so, owed)
+        known -= set(so.finished_req_ids)  # the worker frees them first
+        check(step, so, owed, known)
+        known |= {{r.req_id for r in so.scheduled_new_reqs}}
         owed = set()
         chunks = {{r: sched.requests[r].is_prefill_chunk for r in so.num_scheduled_tokens
                   if r in sched.requests}}

@@ -29,6 +29,23 @@ def recording(tiny_model, tmp_path_factory):
         yield root / "bug", steps
 
 
+def test_a_request_never_sent_as_new_is_reduced_to_a_failing_pytest_file(tiny_model, tmp_path):
+    import importlib
+
+    with resimkit.bug_scheduler(tmp_path, "reduce_forget_sched"):
+        forget = importlib.import_module("reduce_forget_sched").ForgetNewOnce
+        steps = resimkit.record_workload(forget, tiny_model, tmp_path / "forget")
+        r = reduce(tmp_path / "forget", "lifecycle.unknown_cached", tmp_path / "out",
+                   scheduler_cls="reduce_forget_sched:ForgetNewOnce")
+    assert 1 <= len(r.best.requests) <= 3 and r.best_steps <= steps // 10
+    assert "lifecycle.unknown_cached" in {f.invariant for f in catalog_findings(r.trace)}
+    failed = _pytest(r.pytest_file, VLLM_SCHEDULER_CLS="reduce_forget_sched:ForgetNewOnce",
+                     PYTHONPATH=str(tmp_path))
+    assert failed.returncode == 1 and "never sent in scheduled_new_reqs" in failed.stdout
+    assert "KeyError deep in the model runner" in failed.stdout  # the why
+    assert _pytest(r.pytest_file).returncode == 0
+
+
 def test_a_leaked_finish_is_reduced_to_a_few_requests_and_steps(recording, tmp_path):
     trace, steps = recording
     assert steps >= 1000
