@@ -32,6 +32,9 @@ def reduce(
         "on (a patched or buggy one); default the installed vLLM's.")] = None,
     engine: Annotated[Optional[str], typer.Option("--engine", help="Engine name (needed when "
                                                   "the trace has several).")] = None,
+    jobs: Annotated[int, typer.Option("--jobs", "-j", help="Re-run this many candidates side "
+                                      "by side, in processes of their own (the result is the "
+                                      "one-at-a-time one).")] = 1,
     max_seconds: Annotated[Optional[float], typer.Option(
         "--max-seconds", help="Stop after this long with the best reduction so far.")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="The result as JSON.")] = False,
@@ -46,7 +49,8 @@ def reduce(
     bar = Progress()
     try:
         result = run_reduce(trace, finding, out, engine=engine, scheduler_cls=scheduler_cls,
-                            step=step, req=req, max_seconds=max_seconds, progress=bar.show)
+                            step=step, req=req, max_seconds=max_seconds, jobs=jobs,
+                            progress=bar.show)
     except TraceError as e:
         bar.end()
         fail(e)

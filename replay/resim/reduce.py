@@ -76,6 +76,29 @@ class _Stop(Exception):
     """--max-seconds reached: the best candidate so far is the result."""
 
 
+def _re_run(job: dict) -> Outcome:
+    """One candidate re-run and checked (in this process or a pool's)."""
+    from vllm_contract.replay.resim.run import resim
+
+    out = Path(job["out"])
+    run = resim(job["trace"], job["engine"], job["cls"], whatif=True, keep=job["keep"],
+                until=job["until"], out=out)
+    run.check_recording = False  # the original's findings are known: not checked again
+    steps = sum(1 for _ in run)
+    rec = run.summary.recorded
+    found = list(rec.found or []) if rec is not None else []
+    hit = [f for f in found if f.invariant == job["invariant"]
+           and (job["req"] is None or f.req_id == job["req"])]
+    other = {f.invariant for f in found} - set(job["allowed"]) - {job["invariant"]}
+    return Outcome(bool(hit) and not other and not run.summary.stopped, steps, found, out)
+
+
+def _quiet_worker() -> None:
+    import os
+
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+
+
 class Reducer:
     """ddmin over the recorded requests, then one at a time, then the step tail, repeated to
     a fixpoint; every candidate re-run once (cached by its content)."""
@@ -92,39 +115,64 @@ class Reducer:
         self.allowed: set[str] = set()  # the invariants the original recording has
         self.best: Candidate | None = None
         self.best_outcome: Outcome | None = None
+        self.pool: Any = None  # --jobs N > 1: a process pool re-running candidates
 
     # -- the test ----------------------------------------------------------------------------
     def test(self, cand: Candidate) -> bool:
-        if cand in self.cache:
-            return self.cache[cand].interesting
-        if self.deadline is not None and time.monotonic() > self.deadline:
-            raise _Stop
-        from vllm_contract.replay.resim.run import resim
+        return self.first_interesting([cand]) is not None
 
+    def first_interesting(self, cands: list[Candidate]) -> Candidate | None:
+        """The first of `cands` that is interesting, or None; with a pool (--jobs) those not
+        cached yet are re-run side by side, so the answer is the one a serial run gives."""
+        todo = [c for c in dict.fromkeys(cands) if c not in self.cache]
+        if todo and self.deadline is not None and time.monotonic() > self.deadline:
+            raise _Stop
+        if self.pool is None or len(todo) < 2:
+            for c in cands:
+                if c not in self.cache:
+                    if self.deadline is not None and time.monotonic() > self.deadline:
+                        raise _Stop
+                    self._record(c, self._outcome(c, self._next_out()))
+                if self.cache[c].interesting:
+                    return c
+            return None
+        futures = {c: self.pool.submit(_re_run, self._job(c, self._next_out())) for c in todo}
+        try:
+            for c in cands:
+                if c in futures:
+                    self._record(c, futures.pop(c).result())
+                if self.cache[c].interesting:
+                    return c
+            return None
+        finally:
+            for f in futures.values():  # not needed now: left unread (their traces too)
+                f.cancel()
+
+    def _next_out(self) -> Path:
         self.calls += 1
-        out = self.work / f"candidate-{self.calls}"
-        run = resim(self.trace, self.engine, self.scheduler_cls, whatif=True,
-                    keep=cand.requests, until=cand.until, out=out)
-        run.check_recording = False  # the original's findings are known: not checked again
-        steps = sum(1 for _ in run)
-        rec = run.summary.recorded
-        found = list(rec.found or []) if rec is not None else []
-        hit = [f for f in found if f.invariant == self.invariant
-               and (self.req is None or f.req_id == self.req)]
-        other = {f.invariant for f in found} - self.allowed - {self.invariant}
-        outcome = Outcome(bool(hit) and not other and not run.summary.stopped, steps, found, out)
+        return self.work / f"candidate-{self.calls}"
+
+    def _job(self, cand: Candidate, out: Path) -> dict:
+        return {"trace": str(self.trace), "engine": self.engine, "cls": self.scheduler_cls,
+                "keep": cand.requests, "until": cand.until, "out": str(out),
+                "invariant": self.invariant, "req": self.req, "allowed": sorted(self.allowed)}
+
+    def _outcome(self, cand: Candidate, out: Path) -> Outcome:
+        return _re_run(self._job(cand, out))
+
+    def _record(self, cand: Candidate, outcome: Outcome) -> None:
         self.cache[cand] = outcome
         if outcome.interesting and (self.best_outcome is None or (
-                len(cand.requests), steps) < (len(self.best.requests), self.best_outcome.steps)):
+                len(cand.requests), outcome.steps) < (len(self.best.requests),
+                                                      self.best_outcome.steps)):
             if self.best_outcome is not None and self.best_outcome.trace is not None:
                 shutil.rmtree(self.best_outcome.trace, ignore_errors=True)
             self.best, self.best_outcome = cand, outcome
-        elif out.exists():
-            shutil.rmtree(out, ignore_errors=True)
+        elif outcome.trace is not None and outcome.trace.exists():
+            shutil.rmtree(outcome.trace, ignore_errors=True)
         self.progress(f"reducing {self.invariant}: {len(self.best.requests) if self.best else '-'}"
                       f" request(s), {self.best_outcome.steps if self.best_outcome else '-'} "
                       f"step(s); {self.calls} re-run(s)")
-        return outcome.interesting
 
     # -- the strategy ------------------------------------------------------------------------
     def ddmin(self, cand: Candidate) -> Candidate:
@@ -136,17 +184,17 @@ class Reducer:
             size = max(1, len(items) // n)
             chunks = [items[i:i + size] for i in range(0, len(items), size)]
             reduced = False
-            for chunk in chunks:  # a subset alone
-                c = self._with(cand, pinned, chunk)
-                if self.test(c):
-                    items, n, reduced = chunk, 2, True
-                    break
-            if not reduced and len(chunks) > 2:
-                for i in range(len(chunks)):  # a complement
-                    rest = [r for j, ch in enumerate(chunks) if j != i for r in ch]
-                    if self.test(self._with(cand, pinned, rest)):
-                        items, n, reduced = rest, max(n - 1, 2), True
-                        break
+            subsets = [self._with(cand, pinned, chunk) for chunk in chunks]
+            hit = self.first_interesting(subsets)  # a subset alone
+            if hit is not None:
+                items, n, reduced = list(chunks[subsets.index(hit)]), 2, True
+            elif len(chunks) > 2:
+                rests = [[r for j, ch in enumerate(chunks) if j != i for r in ch]
+                         for i in range(len(chunks))]
+                comps = [self._with(cand, pinned, rest) for rest in rests]
+                hit = self.first_interesting(comps)  # a complement
+                if hit is not None:
+                    items, n, reduced = rests[comps.index(hit)], max(n - 1, 2), True
             if not reduced:
                 if n >= len(items):
                     break
@@ -194,21 +242,25 @@ class Reducer:
 
 def reduce(trace: str | Path, invariant: str, out: str | Path, *, engine: str | None = None,
            scheduler_cls: str | None = None, step: int | None = None, req: str | None = None,
-           max_seconds: float | None = None,
+           max_seconds: float | None = None, jobs: int = 1,
            progress: Callable[[str], None] | None = None) -> Result:
     """Reduce `trace` to the fewest requests and steps whose re-run with `scheduler_cls` (the
     one the finding is blamed on; default the installed vLLM's) still has a finding of
     `invariant`; the reduced recording is written to OUT/trace and a report to
     OUT/README.md. `step`/`req`: which of the original's findings (and `req` is kept in every
-    candidate, its finding the one looked for). Raises TraceError for unusable input and for
+    candidate, its finding the one looked for); `jobs`: re-runs side by side in that many
+    processes (the result is the serial one). Raises TraceError for unusable input and for
     a finding that the re-run of the whole recording does not show."""
-    from vllm_contract.replay.resim.run import _open
     from vllm_contract.replay.resim.inputs import derive
+    from vllm_contract.replay.worker.plan import pick_engine
+    from vllm_contract.trace import open_trace
 
     trace, out = Path(trace), Path(out)
+    if jobs < 1:
+        raise TraceError(f"--jobs {jobs}: give 1 or more")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise TraceError(f"--out {out} already exists and is not an empty directory")
-    eng = _open(trace, engine)
+    eng = pick_engine(open_trace(trace), engine)
     inputs = derive(eng)
     if not inputs.logged or inputs.added is None:
         raise TraceError("reduce needs the recorded scheduler inputs (format 3, an input log): "
@@ -237,6 +289,8 @@ def reduce(trace: str | Path, invariant: str, out: str | Path, *, engine: str | 
         if max_seconds is not None:
             r.deadline = t0 + max_seconds
         r.progress = progress or r.progress  # from here on: the first run is the check
+        if whole and jobs > 1:
+            r.pool = _pool(jobs)
         if not whole:
             shutil.rmtree(out, ignore_errors=True)
             raise TraceError(f"{invariant} does not survive re-simulation: the scheduler's "
@@ -248,6 +302,9 @@ def reduce(trace: str | Path, invariant: str, out: str | Path, *, engine: str | 
         stopped = "--max-seconds"
     except KeyboardInterrupt:
         stopped = "interrupted"
+    finally:
+        if r.pool is not None:
+            r.pool.shutdown(wait=True, cancel_futures=True)
     best, outcome = r.best, r.best_outcome
     reduced = out / "trace"
     shutil.move(str(outcome.trace), reduced)
@@ -257,6 +314,16 @@ def reduce(trace: str | Path, invariant: str, out: str | Path, *, engine: str | 
     _emit(result, trace, scheduler_cls, out)
     (out / "README.md").write_text(report(result, trace, scheduler_cls, asked[0]))
     return result
+
+
+def _pool(jobs: int) -> Any:
+    """Processes started afresh (spawn): forking a process that holds vLLM's and torch's
+    threads is not safe. Each imports vLLM once and re-runs many candidates."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    return ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=_quiet_worker)
 
 
 def _emit(result: Result, trace: Path, scheduler_cls: str | None, out: Path) -> None:

@@ -78,6 +78,16 @@ def test_a_leaked_finish_is_reduced_to_a_few_requests_and_steps(recording, tmp_p
     assert passed.returncode == 0, passed.stdout[-2000:]
 
 
+def test_jobs_re_run_side_by_side_and_come_to_the_serial_result(recording, tmp_path):
+    trace, _ = recording
+    serial = reduce(trace, "finished.leaked", tmp_path / "one", scheduler_cls=BUG)
+    parallel = reduce(trace, "finished.leaked", tmp_path / "two", scheduler_cls=BUG, jobs=2)
+    assert parallel.best == serial.best and parallel.best_steps == serial.best_steps
+    assert parallel.calls >= serial.calls  # a batch's later members run too
+    with pytest.raises(TraceError, match="--jobs 0"):
+        reduce(trace, "finished.leaked", tmp_path / "zero", jobs=0)
+
+
 def _pytest(path, **env):
     """The emitted file run by pytest in a fresh process, from its own directory (no conftest
     of this project in reach)."""
