@@ -2,7 +2,8 @@
 
 Per bug (a vLLM Scheduler subclass written below): record 60 requests of staggered lengths on
 a batch of 4 until all have finished (over a thousand steps), then reduce it to the finding of
-the bug's invariant. Prints requests and steps before -> after, re-simulations and wall time.
+the bug's invariant, with --jobs 1 and then 2. Prints requests and steps before -> after,
+re-simulations and wall time of each.
 
 Usage: python bench/reduce_runs.py [--requests 60]
 """
@@ -107,18 +108,22 @@ def main() -> None:
         (root / f"bench_{name}.py").write_text(text)
         cls = getattr(importlib.import_module(f"bench_{name}"), cls_name)
         steps = record(cls, root / name, a.requests)
-        t0 = time.perf_counter()
-        r = reduce(root / name, invariant, root / f"{name}-out",
-                   scheduler_cls=f"bench_{name}:{cls_name}")
-        rows.append((name, invariant, r, steps, time.perf_counter() - t0))
+        walls, calls = [], []
+        for jobs in (1, 2):
+            t0 = time.perf_counter()
+            r = reduce(root / name, invariant, root / f"{name}-out-{jobs}",
+                       scheduler_cls=f"bench_{name}:{cls_name}", jobs=jobs)
+            walls.append(time.perf_counter() - t0)
+            calls.append(r.calls)
+        rows.append((name, invariant, r, steps, walls, calls))
     print(f"# reduce, {time.strftime('%Y-%m-%d')}, {platform.node()}, {os.cpu_count()} cores\n")
     print("| bug | invariant | requests before → after | steps before → after | "
-          "re-simulations | wall s | pytest file |")
+          "re-simulations --jobs 1 / 2 | wall s --jobs 1 / 2 | pytest file |")
     print("|---|---|---|---|---|---|---|")
-    for name, inv, r, steps, secs in rows:
+    for name, inv, r, steps, walls, calls in rows:
         print(f"| {name} | {inv} | {r.original_requests} → {len(r.best.requests)} | "
-              f"{steps:,} → {r.best_steps:,} | {r.calls} | {secs:.1f} | "
-              f"{'yes' if r.pytest_file else r.no_pytest} |")
+              f"{steps:,} → {r.best_steps:,} | {calls[0]} / {calls[1]} | "
+              f"{walls[0]:.1f} / {walls[1]:.1f} | {'yes' if r.pytest_file else r.no_pytest} |")
 
 
 if __name__ == "__main__":
