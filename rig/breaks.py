@@ -18,6 +18,8 @@ def drop_finished_once() -> Callable:
             rid = sorted(so.finished_req_ids)[0]
             so.finished_req_ids.discard(rid)
             done.append((step, rid))
+            return step, rid
+        return None
 
     return mutate
 
@@ -32,9 +34,10 @@ def hand_out_held_block() -> Callable:
                 r.block_ids[0][-1] = next(iter(held.values()))
                 held.clear()
                 held["__done__"] = -1
-                return
+                return step, r.req_id
             if "__done__" not in held:
                 held[r.req_id] = r.block_ids[0][-1]
+        return None
 
     return mutate
 
@@ -47,6 +50,8 @@ def forget_new_request() -> Callable:
     def mutate(so, step):
         if so.scheduled_new_reqs and not done:
             done.append(so.scheduled_new_reqs.pop().req_id)
+            return step, done[0]
+        return None
 
     return mutate
 

@@ -8,36 +8,11 @@ import importlib
 import sys
 from pathlib import Path
 
-from vllm_contract.rig import scenarios
+from vllm_contract.rig import bugged, scenarios
 
-BUG_MODULE = '''
-from vllm.v1.core.sched.scheduler import Scheduler
-
-
-class DropFinishedOnce(Scheduler):
-    """Loses one id of finished_req_ids once: the worker never frees that request."""
-
-    dropped = None
-
-    def schedule(self, *args, **kwargs):
-        so = super().schedule(*args, **kwargs)
-        if self.dropped is None and so.finished_req_ids:
-            self.dropped = sorted(so.finished_req_ids)[0]
-            so.finished_req_ids.discard(self.dropped)
-        return so
-
-
-class ForgetNewOnce(Scheduler):
-    """Leaves one request out of scheduled_new_reqs once: the worker never learns it."""
-
-    forgotten = None
-
-    def schedule(self, *args, **kwargs):
-        so = super().schedule(*args, **kwargs)
-        if self.forgotten is None and so.scheduled_new_reqs:
-            self.forgotten = so.scheduled_new_reqs.pop().req_id
-        return so
-
+# the break of rig/breaks.py as a Scheduler subclass (DropFinishedOnce, ForgetNewRequest), and
+# one that fails outright
+BUG_MODULE = bugged.module_source(["drop_finished_once", "forget_new_request"]) + '''
 
 class RaisesOnThirdSchedule(Scheduler):
     calls = 0
@@ -52,7 +27,7 @@ class RaisesOnThirdSchedule(Scheduler):
 
 @contextlib.contextmanager
 def bug_scheduler(where: Path, module: str):
-    """DropFinishedOnce, written as `module` under `where` (with ForgetNewOnce and
+    """DropFinishedOnce, written as `module` under `where` (with ForgetNewRequest and
     RaisesOnThirdSchedule beside it) and importable by that name while the block runs (each
     test file names its own: one module per name in sys.modules)."""
     (where / f"{module}.py").write_text(BUG_MODULE)
@@ -107,26 +82,4 @@ def assert_re_runs_identically(trace: Path, engine: str | None = None):
     return s
 
 
-def record_workload(cls, model: str, path: Path, requests: int = 60) -> int:
-    """`requests` requests of staggered lengths, all added at the start, recorded with `cls`
-    in place of vLLM's Scheduler on a batch of 4 until they have all finished: over a
-    thousand steps. Returns the steps recorded."""
-    import vllm.v1.core.sched.scheduler as sched_mod
-
-    from vllm_contract.recorder import attach
-    from vllm_contract.rig.harness import Harness, HarnessConfig
-    from vllm_contract.rig.scenarios import prompt
-
-    stock, sched_mod.Scheduler = sched_mod.Scheduler, cls
-    try:
-        h = Harness(model, HarnessConfig(max_num_seqs=4, max_num_batched_tokens=128))
-    finally:
-        sched_mod.Scheduler = stock
-    steps = 0
-    with attach(h.scheduler, path):
-        for i in range(requests):
-            h.add(f"w{i}", prompt(i, 20), max_tokens=50 + (i * 37) % 60)
-        while h.busy:
-            h.step()
-            steps += 1
-    return steps
+record_workload = bugged.record_workload

@@ -16,8 +16,14 @@ class Recorded:
     trace: str
     errors: int | None = None  # None until the catalog has run (the re-run stopped early)
     warnings: int | None = None
-    findings: list[str] | None = None  # "invariant at step N (req_id)" of each error/warning
-    found: list | None = None  # those findings (core/findings.Finding)
+    found: list | None = None  # the errors and warnings (core/findings.Finding)
+
+    @property
+    def findings(self) -> list[str] | None:
+        """"invariant at step N (req_id)" of each error and warning."""
+        if self.found is None:
+            return None
+        return [f"{f.invariant} at step {f.step} ({f.req_id})" for f in self.found]
 
     def as_dict(self) -> dict:
         return {"trace": self.trace, "errors": self.errors, "warnings": self.warnings,
@@ -40,15 +46,18 @@ def start(scheduler: Any, out: Path, source: dict) -> Any:
                   manifest_extra={"resim": source})
 
 
-def check(rec: Recorded) -> Recorded:
-    """The catalog on the new trace, as `vllm-contract check` runs it."""
+def catalog_findings(trace: str | Path) -> list:
+    """The catalog's errors and warnings on `trace`, as `vllm-contract check` finds them."""
     from vllm_contract.replay.query import catalog, checker
     from vllm_contract.replay.query.gateway import Gateway
 
-    with Gateway(rec.trace) as gw:
-        report = checker.run(gw, catalog.load(None))
-    counts = report.counts()
-    rec.errors, rec.warnings = counts["error"], counts["warning"]
-    rec.found = report.at_or_above("warning")
-    rec.findings = [f"{f.invariant} at step {f.step} ({f.req_id})" for f in rec.found]
+    with Gateway(trace) as gw:
+        return checker.run(gw, catalog.load(None)).at_or_above("warning")
+
+
+def check(rec: Recorded) -> Recorded:
+    """The catalog on the new trace."""
+    rec.found = catalog_findings(rec.trace)
+    rec.errors = sum(1 for f in rec.found if f.severity == "error")
+    rec.warnings = len(rec.found) - rec.errors
     return rec

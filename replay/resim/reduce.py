@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from vllm_contract.errors import TraceError
+from vllm_contract.replay.resim.record import catalog_findings
 
 
 @dataclass(frozen=True)
@@ -63,15 +64,6 @@ def _said(f: Any) -> str:
     return f"{f.invariant}{where}" + (f" ({f.req_id})" if f.req_id else "")
 
 
-def catalog_findings(trace: Path) -> list[Any]:
-    """The catalog's findings at warning or above, as `vllm-contract check` finds them."""
-    from vllm_contract.replay.query import catalog, checker
-    from vllm_contract.replay.query.gateway import Gateway
-
-    with Gateway(trace) as gw:
-        return checker.run(gw, catalog.load(None)).at_or_above("warning")
-
-
 class _Stop(Exception):
     """--max-seconds reached: the best candidate so far is the result."""
 
@@ -81,9 +73,9 @@ def _re_run(job: dict) -> Outcome:
     from vllm_contract.replay.resim.run import resim
 
     out = Path(job["out"])
+    # the original's findings are known: not checked again
     run = resim(job["trace"], job["engine"], job["cls"], whatif=True, keep=job["keep"],
-                until=job["until"], out=out)
-    run.check_recording = False  # the original's findings are known: not checked again
+                until=job["until"], out=out, check_recording=False)
     steps = sum(1 for _ in run)
     rec = run.summary.recorded
     found = list(rec.found or []) if rec is not None else []
@@ -125,17 +117,15 @@ class Reducer:
         """The first of `cands` that is interesting, or None; with a pool (--jobs) those not
         cached yet are re-run side by side, so the answer is the one a serial run gives."""
         todo = [c for c in dict.fromkeys(cands) if c not in self.cache]
-        if todo and self.deadline is not None and time.monotonic() > self.deadline:
-            raise _Stop
         if self.pool is None or len(todo) < 2:
             for c in cands:
                 if c not in self.cache:
-                    if self.deadline is not None and time.monotonic() > self.deadline:
-                        raise _Stop
-                    self._record(c, self._outcome(c, self._next_out()))
+                    self._stop_if_late()
+                    self._record(c, _re_run(self._job(c, self._next_out())))
                 if self.cache[c].interesting:
                     return c
             return None
+        self._stop_if_late()
         futures = {c: self.pool.submit(_re_run, self._job(c, self._next_out())) for c in todo}
         try:
             for c in cands:
@@ -148,6 +138,10 @@ class Reducer:
             for f in futures.values():  # not needed now: left unread (their traces too)
                 f.cancel()
 
+    def _stop_if_late(self) -> None:
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            raise _Stop
+
     def _next_out(self) -> Path:
         self.calls += 1
         return self.work / f"candidate-{self.calls}"
@@ -156,9 +150,6 @@ class Reducer:
         return {"trace": str(self.trace), "engine": self.engine, "cls": self.scheduler_cls,
                 "keep": cand.requests, "until": cand.until, "out": str(out),
                 "invariant": self.invariant, "req": self.req, "allowed": sorted(self.allowed)}
-
-    def _outcome(self, cand: Candidate, out: Path) -> Outcome:
-        return _re_run(self._job(cand, out))
 
     def _record(self, cand: Candidate, outcome: Outcome) -> None:
         self.cache[cand] = outcome

@@ -86,7 +86,8 @@ class Resim:
                  notes: list[str], break_at: int | None = None, hook: Any = None,
                  until: int | None = None, out: Path | None = None,
                  source: dict | None = None, whatif: bool = False,
-                 arrivals: str = "step", keep: frozenset[str] | None = None) -> None:
+                 arrivals: str = "step", keep: frozenset[str] | None = None,
+                 check_recording: bool = True) -> None:
         from vllm_contract.replay.resim.feed import Requests
 
         self.engine, self.inputs, self.built, self.rebuilt = engine, inputs, built, rebuilt
@@ -112,7 +113,7 @@ class Resim:
         self.whatif = whatif
         self.arrivals = arrivals  # a what-if run's: "step" (index) or "time"
         self.keep = keep  # a what-if run's requests, by id (reduce.py): None, all of them
-        self.check_recording = True  # a what-if run's --out: the recording checked beside it
+        self.check_recording = check_recording  # a what-if --out: the recording checked too
 
     @property
     def total_steps(self) -> int:
@@ -437,7 +438,7 @@ def resim(trace_path: str | Path, engine: str | None = None, scheduler_cls: str 
           overrides: dict | None = None, *, break_at: int | None = None,
           break_hook: Any = None, until: int | None = None,
           out: str | Path | None = None, whatif: bool = False,
-          arrivals: str = "step", keep: Any = None) -> Resim:
+          arrivals: str = "step", keep: Any = None, check_recording: bool = True) -> Resim:
     """Re-run the installed vLLM Scheduler (or `scheduler_cls`, "module:Class") on a recorded
     trace; `overrides`: manifest engine settings to change (build.SETTINGS). `break_at`: call
     `break_hook` (a callable or "module:function"; default pdb) with a debug.Break just before
@@ -446,7 +447,9 @@ def resim(trace_path: str | Path, engine: str | None = None, scheduler_cls: str 
     "What-if runs"): the re-run goes on until every request has finished and the summary's
     `whatif` compares it with the recording; `arrivals` ("step" or "time") how a what-if run
     places the requests (docs/resim.md); `keep`: a what-if run of only the requests with
-    these ids (their adds and aborts; the input log's). Raises TraceError for unusable input."""
+    these ids (their adds and aborts; the input log's); `check_recording`: a what-if run's
+    comparison has the catalog's findings on the recording too. Raises TraceError for unusable
+    input."""
     from vllm_contract.replay.worker.rebuild import rebuild
 
     if arrivals not in ("step", "time"):
@@ -506,4 +509,4 @@ def resim(trace_path: str | Path, engine: str | None = None, scheduler_cls: str 
                      "request is finished when it has used all its recorded outputs")
     return Resim(eng, inputs, built, rebuilt, notes, break_at, hook, until,
                  None if out is None else Path(out), source, whatif, arrivals,
-                 None if keep is None else frozenset(keep))
+                 None if keep is None else frozenset(keep), check_recording)

@@ -14,7 +14,8 @@ from typer.testing import CliRunner
 
 from vllm_contract.cli import app
 from vllm_contract.errors import TraceError
-from vllm_contract.replay.resim.reduce import catalog_findings, reduce
+from vllm_contract.replay.resim.record import catalog_findings
+from vllm_contract.replay.resim.reduce import reduce
 
 import resimkit
 
@@ -33,13 +34,13 @@ def test_a_request_never_sent_as_new_is_reduced_to_a_failing_pytest_file(tiny_mo
     import importlib
 
     with resimkit.bug_scheduler(tmp_path, "reduce_forget_sched"):
-        forget = importlib.import_module("reduce_forget_sched").ForgetNewOnce
+        forget = importlib.import_module("reduce_forget_sched").ForgetNewRequest
         steps = resimkit.record_workload(forget, tiny_model, tmp_path / "forget")
         r = reduce(tmp_path / "forget", "lifecycle.unknown_cached", tmp_path / "out",
-                   scheduler_cls="reduce_forget_sched:ForgetNewOnce")
+                   scheduler_cls="reduce_forget_sched:ForgetNewRequest")
     assert 1 <= len(r.best.requests) <= 3 and r.best_steps <= steps // 10
     assert "lifecycle.unknown_cached" in {f.invariant for f in catalog_findings(r.trace)}
-    failed = _pytest(r.pytest_file, VLLM_SCHEDULER_CLS="reduce_forget_sched:ForgetNewOnce",
+    failed = _pytest(r.pytest_file, VLLM_SCHEDULER_CLS="reduce_forget_sched:ForgetNewRequest",
                      PYTHONPATH=str(tmp_path))
     assert failed.returncode == 1 and "never sent in scheduled_new_reqs" in failed.stdout
     assert "KeyError deep in the model runner" in failed.stdout  # the why

@@ -32,7 +32,7 @@ def traces(tiny_model, tmp_path_factory):
     scenarios.run("id_reuse", tiny_model, root / "async", batch_queue=2)
     with resimkit.bug_scheduler(root, "debug_bug_sched") as bug:
         assert resimkit.record_with(bug, "id_reuse", tiny_model,
-                                    root / "bug").scheduler.dropped is not None
+                                    root / "bug").scheduler.broken
         yield root
 
 

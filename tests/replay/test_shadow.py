@@ -79,7 +79,7 @@ _dropped: list = []
 
 
 def _reporting(mutate):
-    """drop_finished_once reports nothing: note what it dropped from the output itself."""
+    """What drop_finished_once dropped, seen in the output itself (not taken from its report)."""
     def wrapped(so, step):
         before = set(so.finished_req_ids)
         mutate(so, step)
