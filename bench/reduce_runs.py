@@ -52,12 +52,21 @@ def main() -> None:
         rows.append((name, invariant, r, steps, walls, calls))
     print(f"# reduce, {time.strftime('%Y-%m-%d')}, {platform.node()}, {os.cpu_count()} cores\n")
     print("| bug | invariant | requests before → after | steps before → after | "
-          "re-simulations --jobs 1 / 2 | wall s --jobs 1 / 2 | pytest file |")
-    print("|---|---|---|---|---|---|---|")
+          "re-simulations --jobs 1 / 2 | wall s --jobs 1 / 2 | cut to | pytest file |")
+    print("|---|---|---|---|---|---|---|---|")
     for name, inv, r, steps, walls, calls in rows:
         print(f"| {name} | {inv} | {r.original_requests} → {len(r.best.requests)} | "
               f"{steps:,} → {r.best_steps:,} | {calls[0]} / {calls[1]} | "
-              f"{walls[0]:.1f} / {walls[1]:.1f} | {'yes' if r.pytest_file else r.no_pytest} |")
+              f"{walls[0]:.1f} / {walls[1]:.1f} | {_cuts(r)} | "
+              f"{'yes' if r.pytest_file else r.no_pytest} |")
+
+
+def _cuts(r) -> str:
+    """Prompt/outputs kept of recorded per request, and the settings made smaller."""
+    parts = [f"{rid}: prompt {c['prompt_tokens']}/{c['prompt_tokens_recorded']}, outputs "
+             f"{c['outputs']}/{c['outputs_recorded']}" for rid, c in r.cuts().items()]
+    parts += [f"{k} {v['value']}/{v['recorded']}" for k, v in r.settings().items()]
+    return "; ".join(parts) or "-"
 
 
 if __name__ == "__main__":

@@ -54,6 +54,11 @@ def reduce(
     except TraceError as e:
         bar.end()
         fail(e)
+    except KeyboardInterrupt:
+        bar.end()
+        err("vllm-contract: interrupted in the first re-run, before there was a reduction to "
+            "keep: nothing written")
+        raise typer.Exit(130)
     bar.end()
     if result.stopped:
         err(f"vllm-contract: note: stopped early ({result.stopped}): the best reduction so far")

@@ -20,10 +20,12 @@ _PRIVATE = ("_all_stop_token_ids", "_eos_token_id")
 _ENGINE = ("max_model_len", "max_num_batched_tokens", "max_num_seqs", "enable_prefix_caching",
            "seed")
 
-# each invariant a file can assert, as the body of `check(step, so, owed, known)`: `owed`, the
-# ids that finished (an update's finish or an abort) since the last schedule(); `known`, the
-# ids the worker holds (kept up to date by the test, as _update_states does); an assert's
-# message ends with the invariant's why
+# each invariant a file can assert, as the body of `check(step, so, owed, known, tables)`:
+# `owed`, the ids that finished (an update's finish or an abort) since the last schedule();
+# `known`, the ids the worker holds (kept up to date by the test, as _update_states does);
+# `tables`, each live request's KV blocks as the worker's block tables have them, those freed
+# by this output's finished and preempted ids already dropped; an assert's message ends with
+# the invariant's why
 CONTRACTS = {
     "lifecycle.unknown_cached": '''\
     unknown = set(so.scheduled_cached_reqs.req_ids) - known
@@ -33,6 +35,21 @@ CONTRACTS = {
     missing = owed - set(so.finished_req_ids)
     assert not missing, (f"step {step}: {sorted(missing)} finished before this schedule() but "
                          f"is not in its finished_req_ids. {WHY}")''',
+    # running requests are served before new ones, new ones in list order; a new or resumed
+    # request may share the prefix its computed tokens cover (prefix-cache hits)
+    "blocks.double_owner": '''\
+    holder = {b: rid for rid, held in tables.items() for b in held}
+    c = so.scheduled_cached_reqs
+    grants = [(rid, ids, c.num_computed_tokens[i] if rid in c.resumed_req_ids else 0)
+              for i, (rid, ids) in enumerate(zip(c.req_ids, c.new_block_ids))]
+    grants += [(r.req_id, r.block_ids, r.num_computed_tokens) for r in so.scheduled_new_reqs]
+    for rid, ids, computed in grants:
+        blocks = blocks_of(ids)
+        for b in blocks[computed // BLOCK_SIZE:]:
+            other = holder.get(b, rid)
+            assert other == rid, (f"step {step}: {rid} is given block {b}, which {other} "
+                                  f"still holds. {WHY}")
+        holder.update((b, rid) for b in blocks if b not in holder)''',
 }
 
 _TEMPLATE = '''\
@@ -104,7 +121,25 @@ def request(req_id, prompt, sampling, private, arrival, hasher):
                    pooling_params=None, arrival_time=arrival, block_hasher=hasher)
 
 
-def check(step, so, owed, known):
+def blocks_of(ids):
+    """The blocks of a block-id tuple (one list per KV cache group), block 0 (vLLM's null
+    block) left out."""
+    return [b for group in (ids or ()) for b in group if b]
+
+
+def grant(so, tables):
+    """The worker's block tables after `so`: a new or resumed request's given whole, a running
+    one's appended to."""
+    c = so.scheduled_cached_reqs
+    for rid, ids in zip(c.req_ids, c.new_block_ids):
+        if rid in c.resumed_req_ids:
+            tables[rid] = []
+        tables.setdefault(rid, []).extend(blocks_of(ids))
+    for r in so.scheduled_new_reqs:
+        tables[r.req_id] = blocks_of(r.block_ids)
+
+
+def check(step, so, owed, known, tables):
 {contract}
 
 
@@ -112,6 +147,7 @@ def test_{name}():
     sched, hasher = build()
     tokens = {{}}
     owed, known = set(), set()  # finished since the last schedule(); held by the worker
+    tables = {{}}  # request id -> its KV blocks
     for step in range(STEPS):  # as many schedule() calls as the recording made
         for i, (at, req_id, prompt, sampling, private, produced) in enumerate(REQUESTS):
             if at == step:
@@ -123,8 +159,11 @@ def test_{name}():
                 owed.add(req_id)
         so = sched.schedule()
         known -= set(so.finished_req_ids)  # the worker frees them first
-        check(step, so, owed, known)
+        for r in set(so.finished_req_ids) | set(so.preempted_req_ids or ()):
+            tables.pop(r, None)
+        check(step, so, owed, known, tables)
         known |= {{r.req_id for r in so.scheduled_new_reqs}}
+        grant(so, tables)
         owed = set()
         chunks = {{r: sched.requests[r].is_prefill_chunk for r in so.num_scheduled_tokens
                   if r in sched.requests}}

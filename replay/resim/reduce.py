@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import shutil
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -18,10 +18,29 @@ from vllm_contract.errors import TraceError
 from vllm_contract.replay.resim.record import catalog_findings
 
 
+# the engine settings a reduction shrinks, in this order (a block bug shows in a smaller
+# cache, a budget bug in a smaller budget), each to the least that keeps the finding
+CONFIG = ("num_kv_blocks", "max_num_batched_tokens", "max_num_seqs")
+
+
 @dataclass(frozen=True)
 class Candidate:
     requests: tuple[str, ...]  # the kept requests' ids, in their order of first add
     until: int | None = None  # the re-run stops after this step of the recording's clock
+    # (id, prompt tokens, output tokens) of the requests cut shorter, None: as recorded
+    trim: tuple[tuple[str, int | None, int | None], ...] = ()
+    sets: tuple[tuple[str, int], ...] = ()  # engine settings made smaller (CONFIG)
+
+    def cut(self, rid: str) -> tuple[int | None, int | None]:
+        return next(((p, o) for r, p, o in self.trim if r == rid), (None, None))
+
+    def with_cut(self, rid: str, prompt: int | None, outputs: int | None) -> "Candidate":
+        rest = tuple(t for t in self.trim if t[0] != rid)
+        return replace(self, trim=tuple(sorted(rest + ((rid, prompt, outputs),))))
+
+    def with_set(self, key: str, value: int) -> "Candidate":
+        rest = tuple(kv for kv in self.sets if kv[0] != key)
+        return replace(self, sets=tuple(sorted(rest + ((key, value),))))
 
 
 @dataclass
@@ -30,6 +49,7 @@ class Outcome:
     steps: int = 0
     findings: list[Any] = field(default_factory=list)  # the catalog's, at warning or above
     trace: Path | None = None
+    error: str | None = None  # the candidate could not be built
 
 
 @dataclass
@@ -46,12 +66,31 @@ class Result:
     trace: Path | None = None
     pytest_file: Path | None = None
     no_pytest: str | None = None  # why no pytest file was written
+    # id -> (prompt tokens, outputs) recorded, of the kept requests; settings recorded
+    lengths: dict[str, tuple[int, int]] = field(default_factory=dict)
+    config: dict[str, int] = field(default_factory=dict)
+
+    def cuts(self) -> dict[str, dict]:
+        """The kept requests cut shorter: id -> prompt/outputs, as reduced and as recorded."""
+        out = {}
+        for rid, prompt, outputs in self.best.trim:
+            if rid in self.best.requests:
+                whole = self.lengths.get(rid, (None, None))
+                out[rid] = {"prompt_tokens": prompt or whole[0], "prompt_tokens_recorded":
+                            whole[0], "outputs": outputs or whole[1],
+                            "outputs_recorded": whole[1]}
+        return out
+
+    def settings(self) -> dict[str, dict]:
+        """The settings made smaller: key -> reduced and recorded value."""
+        return {k: {"value": v, "recorded": self.config.get(k)} for k, v in self.best.sets}
 
     def as_dict(self) -> dict:
         return {"invariant": self.invariant, "requests_before": self.original_requests,
                 "requests_after": len(self.best.requests), "requests": list(self.best.requests),
                 "steps_before": self.original_steps, "steps_after": self.best_steps,
-                "until": self.best.until, "calls": self.calls,
+                "until": self.best.until, "cuts": self.cuts(), "settings": self.settings(),
+                "calls": self.calls,
                 "seconds": round(self.seconds, 2), "stopped": self.stopped,
                 "trace": None if self.trace is None else str(self.trace),
                 "pytest_file": None if self.pytest_file is None else str(self.pytest_file),
@@ -74,8 +113,13 @@ def _re_run(job: dict) -> Outcome:
 
     out = Path(job["out"])
     # the original's findings are known: not checked again
-    run = resim(job["trace"], job["engine"], job["cls"], whatif=True, keep=job["keep"],
-                until=job["until"], out=out, check_recording=False)
+    try:
+        run = resim(job["trace"], job["engine"], job["cls"], job["sets"] or None, whatif=True,
+                    keep=job["keep"], until=job["until"], out=out, check_recording=False,
+                    trim=job["trim"])
+    except (TraceError, ValueError) as e:  # a setting vLLM refuses (a budget below a prompt)
+        shutil.rmtree(out, ignore_errors=True)
+        return Outcome(False, error=str(e))
     steps = sum(1 for _ in run)
     rec = run.summary.recorded
     found = list(rec.found or []) if rec is not None else []
@@ -108,6 +152,9 @@ class Reducer:
         self.best: Candidate | None = None
         self.best_outcome: Outcome | None = None
         self.pool: Any = None  # --jobs N > 1: a process pool re-running candidates
+        # id -> (prompt tokens, recorded outputs) of the requests that can be cut shorter
+        self.lengths: dict[str, tuple[int, int]] = {}
+        self.config: dict[str, int] = {}  # the recorded CONFIG settings
 
     # -- the test ----------------------------------------------------------------------------
     def test(self, cand: Candidate) -> bool:
@@ -147,15 +194,17 @@ class Reducer:
         return self.work / f"candidate-{self.calls}"
 
     def _job(self, cand: Candidate, out: Path) -> dict:
+        kept = set(cand.requests)
         return {"trace": str(self.trace), "engine": self.engine, "cls": self.scheduler_cls,
                 "keep": cand.requests, "until": cand.until, "out": str(out),
+                "trim": {r: (p, o) for r, p, o in cand.trim if r in kept},
+                "sets": dict(cand.sets),
                 "invariant": self.invariant, "req": self.req, "allowed": sorted(self.allowed)}
 
     def _record(self, cand: Candidate, outcome: Outcome) -> None:
         self.cache[cand] = outcome
-        if outcome.interesting and (self.best_outcome is None or (
-                len(cand.requests), outcome.steps) < (len(self.best.requests),
-                                                      self.best_outcome.steps)):
+        if outcome.interesting and (self.best_outcome is None or self.size(cand, outcome)
+                                    < self.size(self.best, self.best_outcome)):
             if self.best_outcome is not None and self.best_outcome.trace is not None:
                 shutil.rmtree(self.best_outcome.trace, ignore_errors=True)
             self.best, self.best_outcome = cand, outcome
@@ -164,6 +213,18 @@ class Reducer:
         self.progress(f"reducing {self.invariant}: {len(self.best.requests) if self.best else '-'}"
                       f" request(s), {self.best_outcome.steps if self.best_outcome else '-'} "
                       f"step(s); {self.calls} re-run(s)")
+
+    def size(self, cand: Candidate, outcome: Outcome) -> tuple:
+        """Smaller is better: requests, then steps, then tokens, then the settings."""
+        tokens = 0
+        for r in cand.requests:
+            prompt, outputs = cand.cut(r)
+            whole = self.lengths.get(r, (0, 0))
+            tokens += (whole[0] if prompt is None else prompt) + (
+                whole[1] if outputs is None else outputs)
+        sets = dict(cand.sets)
+        return (len(cand.requests), outcome.steps, tokens,
+                *(sets.get(k, self.config.get(k) or 0) for k in CONFIG))
 
     # -- the strategy ------------------------------------------------------------------------
     def ddmin(self, cand: Candidate) -> Candidate:
@@ -196,7 +257,7 @@ class Reducer:
         for r in list(cand.requests):
             if r == self.req or len(cand.requests) == 1:
                 continue
-            c = Candidate(tuple(x for x in cand.requests if x != r), cand.until)
+            c = replace(cand, requests=tuple(x for x in cand.requests if x != r))
             if self.test(c):
                 cand = c
         return cand
@@ -204,16 +265,50 @@ class Reducer:
     def tail(self, cand: Candidate, first: int, last: int) -> Candidate:
         """The earliest --until in [first, last] that keeps the finding (a binary search: a
         finding seen by a step stays seen by a later one)."""
-        lo, hi = first, last
-        if not self.test(Candidate(cand.requests, hi)):
-            return cand
+        best = self.least(first, last, lambda n: replace(cand, until=n))
+        return cand if best is None else replace(cand, until=best)
+
+    def least(self, lo: int, hi: int, make: Callable[[int], Candidate]) -> int | None:
+        """The least n in [lo, hi] whose candidate `make(n)` is interesting (a binary search:
+        taken to hold from there up), or None when `make(hi)` is not."""
+        if hi < lo or not self.test(make(hi)):
+            return None
         while lo < hi:
             mid = (lo + hi) // 2
-            if self.test(Candidate(cand.requests, mid)):
+            if self.test(make(mid)):
                 hi = mid
             else:
                 lo = mid + 1
-        return Candidate(cand.requests, hi)
+        return hi
+
+    def shorten(self, cand: Candidate) -> Candidate:
+        """Each request's prompt, then its output, to the fewest tokens that keep the finding
+        (the prompt's first tokens; the output capped by max_tokens)."""
+        for r in cand.requests:
+            if r not in self.lengths:
+                continue
+            prompt, outputs = cand.cut(r)
+            whole_prompt, whole_outputs = self.lengths[r]
+            p = self.least(1, (prompt or whole_prompt) - 1,
+                           lambda n: cand.with_cut(r, n, outputs))
+            if p is not None:
+                cand, prompt = cand.with_cut(r, p, outputs), p
+            o = self.least(1, (outputs or whole_outputs) - 1,
+                           lambda n: cand.with_cut(r, prompt, n))
+            if o is not None:
+                cand = cand.with_cut(r, prompt, o)
+        return cand
+
+    def shrink_config(self, cand: Candidate) -> Candidate:
+        """Each CONFIG setting to the least that keeps the finding."""
+        for key in CONFIG:
+            now = dict(cand.sets).get(key, self.config.get(key))
+            if not now:
+                continue
+            n = self.least(1, now - 1, lambda v: cand.with_set(key, v))
+            if n is not None:
+                cand = cand.with_set(key, n)
+        return cand
 
     def run(self, requests: list[str], first_step: int, last_step: int) -> Candidate:
         cand = Candidate(tuple(requests))
@@ -222,13 +317,15 @@ class Reducer:
             cand = self.one_at_a_time(self.ddmin(cand))
             cand = self.tail(cand, first_step, cand.until if cand.until is not None
                              else last_step)
+            cand = self.shrink_config(self.shorten(cand))
             if cand == before:
                 return cand
 
     @staticmethod
     def _with(cand: Candidate, pinned: list[str], items: list[str]) -> Candidate:
         keep = set(pinned) | set(items)
-        return Candidate(tuple(r for r in cand.requests if r in keep), cand.until)
+        return replace(cand, requests=tuple(r for r in cand.requests if r in keep),
+                       trim=tuple(t for t in cand.trim if t[0] in keep))
 
 
 def reduce(trace: str | Path, invariant: str, out: str | Path, *, engine: str | None = None,
@@ -274,9 +371,16 @@ def reduce(trace: str | Path, invariant: str, out: str | Path, *, engine: str | 
     work = out / ".candidates"
     r = Reducer(trace, invariant, work, engine=eng.name, scheduler_cls=scheduler_cls, req=req)
     r.allowed = {f.invariant for f in original}
+    r.lengths = _lengths(inputs)
+    settings = eng.manifest.get("engine") or {}
+    r.config = {k: int(settings[k]) for k in CONFIG if settings.get(k)}
     stopped = None
     try:
         whole = r.test(Candidate(tuple(requests)))  # always run: the best is at least this
+        error = r.cache[Candidate(tuple(requests))].error
+        if error:
+            shutil.rmtree(out, ignore_errors=True)
+            raise TraceError(f"the re-run of the whole recording could not start: {error}")
         if max_seconds is not None:
             r.deadline = t0 + max_seconds
         r.progress = progress or r.progress  # from here on: the first run is the check
@@ -297,14 +401,36 @@ def reduce(trace: str | Path, invariant: str, out: str | Path, *, engine: str | 
         if r.pool is not None:
             r.pool.shutdown(wait=True, cancel_futures=True)
     best, outcome = r.best, r.best_outcome
+    if best is None:  # interrupted in the first re-run: nothing to keep
+        shutil.rmtree(out, ignore_errors=True)
+        raise KeyboardInterrupt
     reduced = out / "trace"
     shutil.move(str(outcome.trace), reduced)
     shutil.rmtree(work, ignore_errors=True)
     result = Result(invariant, len(requests), len(inputs.plains), best, outcome.steps, r.calls,
-                    time.monotonic() - t0, stopped, outcome.findings, reduced)
+                    time.monotonic() - t0, stopped, outcome.findings, reduced,
+                    lengths=r.lengths, config=r.config)
     _emit(result, trace, scheduler_cls, out)
     (out / "README.md").write_text(report(result, trace, scheduler_cls, asked[0]))
     return result
+
+
+def _lengths(inputs: Any) -> dict[str, tuple[int, int]]:
+    """id -> (prompt tokens, recorded output tokens) of each request that can be cut shorter:
+    one add of the id (a reused id's incarnations would be cut alike), no multimodal input
+    (its placeholders sit in the prompt)."""
+    from collections import Counter
+
+    inputs.outputs.load_all()
+    t = inputs.added.table
+    ids = t["req_id"].to_pylist()
+    once = {r for r, n in Counter(ids).items() if n == 1}
+    out = {}
+    for rid, n, mm in zip(ids, t["num_prompt_tokens"].to_pylist(),
+                          t["mm_features"].to_pylist()):
+        if rid in once and not mm and n:
+            out[rid] = (int(n), len(inputs.outputs.streams.get((rid, 0), ())))
+    return out
 
 
 def _pool(jobs: int) -> Any:
@@ -344,13 +470,21 @@ def report(r: Result, trace: Path, scheduler_cls: str | None, finding: Any) -> s
              f"| reduced | {len(r.best.requests):,} | {r.best_steps:,} |", "",
              f"Requests kept: {', '.join(f'`{x}`' for x in r.best.requests)}"
              + (f"; the re-run stops after step {r.best.until:,} of the recording's clock."
-                if r.best.until is not None else "."), "",
-             f"Scheduler: `{scheduler_cls or 'the installed vLLM Scheduler'}`. "
-             f"{r.calls:,} re-simulations, {r.seconds:.1f} s"
-             + (f" (stopped early: {r.stopped}; the best so far)." if r.stopped else "."), "",
-             "The reduced recording (`trace/`) is the scheduler's re-run of those requests, "
-             "recorded; `vllm-contract check trace`, `tui`, `replay` and `resim` open it. "
-             "Its findings:", ""]
+                if r.best.until is not None else "."), ""]
+    for rid, c in r.cuts().items():
+        lines.append(f"- `{rid}` cut shorter: {c['prompt_tokens']:,} of its "
+                     f"{c['prompt_tokens_recorded']:,} prompt tokens (the first), "
+                     f"{c['outputs']:,} of its {c['outputs_recorded']:,} outputs (max_tokens)")
+    for k, v in r.settings().items():
+        lines.append(f"- `{k}` {v['value']:,} (recorded {v['recorded']:,})")
+    if r.cuts() or r.settings():
+        lines.append("")
+    lines += [f"Scheduler: `{scheduler_cls or 'the installed vLLM Scheduler'}`. "
+              f"{r.calls:,} re-simulations, {r.seconds:.1f} s"
+              + (f" (stopped early: {r.stopped}; the best so far)." if r.stopped else "."), "",
+              "The reduced recording (`trace/`) is the scheduler's re-run of those requests, "
+              "recorded; `vllm-contract check trace`, `tui`, `replay` and `resim` open it. "
+              "Its findings:", ""]
     lines += [f"- {_said(f)}: {f.title or f.details}" for f in r.findings] or ["- none"]
     if r.pytest_file is not None:
         lines += ["", f"`{r.pytest_file.name}` is a standalone test of the contract (vLLM and "

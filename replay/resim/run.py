@@ -77,6 +77,18 @@ def _mask(plain: dict) -> dict:
     return out
 
 
+def _cut_prompt(row: dict, n: int, block_size: int) -> dict:
+    """An input log's add with only the first `n` prompt tokens (and their block hashes)."""
+    row = dict(row)
+    if row["prompt_token_ids"] is not None:
+        row["prompt_token_ids"] = row["prompt_token_ids"][:n]
+    n = min(n, row["num_prompt_tokens"] or n)
+    row["num_prompt_tokens"] = n
+    if row["prompt_block_hashes"] is not None:
+        row["prompt_block_hashes"] = row["prompt_block_hashes"][:n // block_size]
+    return row
+
+
 class Resim:
     """Iterate for one StepResult per recorded step (in step order as their updates come);
     `summary` afterwards (it runs what is left first). Built by resim(): everything that makes
@@ -87,7 +99,7 @@ class Resim:
                  until: int | None = None, out: Path | None = None,
                  source: dict | None = None, whatif: bool = False,
                  arrivals: str = "step", keep: frozenset[str] | None = None,
-                 check_recording: bool = True) -> None:
+                 check_recording: bool = True, trim: dict | None = None) -> None:
         from vllm_contract.replay.resim.feed import Requests
 
         self.engine, self.inputs, self.built, self.rebuilt = engine, inputs, built, rebuilt
@@ -114,6 +126,9 @@ class Resim:
         self.arrivals = arrivals  # a what-if run's: "step" (index) or "time"
         self.keep = keep  # a what-if run's requests, by id (reduce.py): None, all of them
         self.check_recording = check_recording  # a what-if --out: the recording checked too
+        # a what-if run's shorter requests (reduce.py): id -> (prompt tokens, output tokens),
+        # either None for the recorded length
+        self.trim = trim or {}
 
     @property
     def total_steps(self) -> int:
@@ -325,7 +340,15 @@ class Resim:
         """The Request of the input log's add_request() at `seq`, as the installed vLLM
         builds it (also for a what-if run's arrivals)."""
         row = self.inputs.added.row(seq)
-        return self.requests.from_added(row, self.rebuilt.decode, self._others(row))
+        prompt, outputs = self.trim.get(row["req_id"], (None, None))
+        if prompt is not None:
+            row = _cut_prompt(row, prompt, int(self.built.settings["block_size"]))
+        req = self.requests.from_added(row, self.rebuilt.decode, self._others(row))
+        if outputs is not None:  # the scheduler stops it there itself (a length cap)
+            sp = req.sampling_params
+            req.max_tokens = sp.max_tokens = min(outputs, req.max_tokens)
+            sp.min_tokens = min(sp.min_tokens, sp.max_tokens)
+        return req
 
     def _others(self, row: dict) -> dict:
         """The logged Request arguments without a column, those the installed Request takes
@@ -438,7 +461,8 @@ def resim(trace_path: str | Path, engine: str | None = None, scheduler_cls: str 
           overrides: dict | None = None, *, break_at: int | None = None,
           break_hook: Any = None, until: int | None = None,
           out: str | Path | None = None, whatif: bool = False,
-          arrivals: str = "step", keep: Any = None, check_recording: bool = True) -> Resim:
+          arrivals: str = "step", keep: Any = None, check_recording: bool = True,
+          trim: dict | None = None) -> Resim:
     """Re-run the installed vLLM Scheduler (or `scheduler_cls`, "module:Class") on a recorded
     trace; `overrides`: manifest engine settings to change (build.SETTINGS). `break_at`: call
     `break_hook` (a callable or "module:function"; default pdb) with a debug.Break just before
@@ -447,7 +471,9 @@ def resim(trace_path: str | Path, engine: str | None = None, scheduler_cls: str 
     "What-if runs"): the re-run goes on until every request has finished and the summary's
     `whatif` compares it with the recording; `arrivals` ("step" or "time") how a what-if run
     places the requests (docs/resim.md); `keep`: a what-if run of only the requests with
-    these ids (their adds and aborts; the input log's); `check_recording`: a what-if run's
+    these ids (their adds and aborts; the input log's); `trim`: a what-if run's requests cut
+    shorter, id -> (prompt tokens, output tokens), None for either kept as recorded (the first
+    tokens of the prompt, the output capped by max_tokens); `check_recording`: a what-if run's
     comparison has the catalog's findings on the recording too. Raises TraceError for unusable
     input."""
     from vllm_contract.replay.worker.rebuild import rebuild
@@ -459,9 +485,9 @@ def resim(trace_path: str | Path, engine: str | None = None, scheduler_cls: str 
                          "a re-run of the recording adds each request where it was added")
     eng = _open(trace_path, engine)
     inputs = derive(eng)
-    if keep is not None and not (whatif and inputs.logged):
-        raise TraceError("a run of some of the requests is a what-if run of a trace with an "
-                         "input log (format 3)")
+    if (keep is not None or trim) and not (whatif and inputs.logged):
+        raise TraceError("a run of some of the requests, or of shorter ones, is a what-if run "
+                         "of a trace with an input log (format 3)")
     if arrivals == "time" and not inputs.logged:
         raise TraceError("--arrivals time needs the recorded arrival times: the trace has no "
                          "input log (format 2 or before)")
@@ -509,4 +535,4 @@ def resim(trace_path: str | Path, engine: str | None = None, scheduler_cls: str 
                      "request is finished when it has used all its recorded outputs")
     return Resim(eng, inputs, built, rebuilt, notes, break_at, hook, until,
                  None if out is None else Path(out), source, whatif, arrivals,
-                 None if keep is None else frozenset(keep), check_recording)
+                 None if keep is None else frozenset(keep), check_recording, trim)

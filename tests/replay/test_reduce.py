@@ -1,13 +1,19 @@
-"""`reduce` on the real vLLM Scheduler (no mocks): a recording of DropFinishedOnce (a Scheduler
-subclass that loses one finished id) over 60 requests and more than a thousand steps is cut
-down to at most 3 requests and 10 % of the steps, the reduced trace still has the finding and
-none the original lacked, and the emitted pytest file (vLLM and pytest only) fails with the
-subclass and passes with vLLM's Scheduler; the stock Scheduler's re-run does not show the
-finding (not the re-run's doing: one line, exit 2); --max-seconds keeps the best so far."""
+"""`reduce` on the real vLLM Scheduler (no mocks). Each named break of rig/breaks.py, as a
+Scheduler subclass (rig/bugged.py), recorded over 60 requests and more than a thousand steps, is
+cut down to at most 3 requests and 10 % of the steps; the reduced trace still has the finding
+and none the original lacked; the emitted pytest file, run where vllm_contract cannot be
+imported, fails with the subclass and passes with vLLM's Scheduler. The stock Scheduler's re-run
+does not show the finding (not the re-run's doing: one line, exit 2); --max-seconds and Ctrl-C
+keep the best so far."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -16,94 +22,137 @@ from vllm_contract.cli import app
 from vllm_contract.errors import TraceError
 from vllm_contract.replay.resim.record import catalog_findings
 from vllm_contract.replay.resim.reduce import reduce
+from vllm_contract.rig import bugged
 
 import resimkit
 
-BUG = "reduce_bug_sched:DropFinishedOnce"
+MODULE = "reduce_bugs"
 
 
 @pytest.fixture(scope="module")
-def recording(tiny_model, tmp_path_factory):
-    root = tmp_path_factory.mktemp("reduce")
-    with resimkit.bug_scheduler(root, "reduce_bug_sched") as bug:
-        steps = resimkit.record_workload(bug, tiny_model, root / "bug")
-        yield root / "bug", steps
+def bugs(tmp_path_factory):
+    """The subclasses of every named break, importable as reduce_bugs:Class; their folder."""
+    root = tmp_path_factory.mktemp("reduce-bugs")
+    specs = bugged.write(root, MODULE, list(bugged.SCHEDULER_BREAKS))
+    sys.path.insert(0, str(root))
+    try:
+        yield root, specs
+    finally:
+        sys.path.remove(str(root))
 
 
-def test_a_request_never_sent_as_new_is_reduced_to_a_failing_pytest_file(tiny_model, tmp_path):
+def _class(spec: str):
     import importlib
 
-    with resimkit.bug_scheduler(tmp_path, "reduce_forget_sched"):
-        forget = importlib.import_module("reduce_forget_sched").ForgetNewRequest
-        steps = resimkit.record_workload(forget, tiny_model, tmp_path / "forget")
-        r = reduce(tmp_path / "forget", "lifecycle.unknown_cached", tmp_path / "out",
-                   scheduler_cls="reduce_forget_sched:ForgetNewRequest")
-    assert 1 <= len(r.best.requests) <= 3 and r.best_steps <= steps // 10
-    assert "lifecycle.unknown_cached" in {f.invariant for f in catalog_findings(r.trace)}
-    failed = _pytest(r.pytest_file, VLLM_SCHEDULER_CLS="reduce_forget_sched:ForgetNewRequest",
-                     PYTHONPATH=str(tmp_path))
-    assert failed.returncode == 1 and "never sent in scheduled_new_reqs" in failed.stdout
-    assert "KeyError deep in the model runner" in failed.stdout  # the why
-    assert _pytest(r.pytest_file).returncode == 0
+    module, _, name = spec.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
-def test_a_leaked_finish_is_reduced_to_a_few_requests_and_steps(recording, tmp_path):
-    trace, steps = recording
+@pytest.fixture(scope="module")
+def small(bugs, tiny_model, tmp_path_factory):
+    """DropFinishedOnce on 12 requests: for the tests of how a reduction runs and stops."""
+    root, specs = bugs
+    path = tmp_path_factory.mktemp("reduce-small") / "trace"
+    bugged.record_workload(_class(specs["drop_finished_once"]), tiny_model, path, requests=12)
+    return path, specs["drop_finished_once"]
+
+
+@pytest.mark.parametrize("name", list(bugged.SCHEDULER_BREAKS))
+def test_each_named_break_is_reduced_to_a_pytest_file_that_fails_until_fixed(
+        name, bugs, tiny_model, tmp_path):
+    root, specs = bugs
+    invariant = bugged.SCHEDULER_BREAKS[name]
+    steps = bugged.record_workload(_class(specs[name]), tiny_model, tmp_path / "rec")
     assert steps >= 1000
-    original = catalog_findings(trace)
-    assert "finished.leaked" in {f.invariant for f in original}
-    r = reduce(trace, "finished.leaked", tmp_path / "out", scheduler_cls=BUG)
+    original = catalog_findings(tmp_path / "rec")
+    assert invariant in {f.invariant for f in original}
+    r = reduce(tmp_path / "rec", invariant, tmp_path / "out", scheduler_cls=specs[name])
     assert r.original_requests == 60 and r.original_steps == steps
-    assert 1 <= len(r.best.requests) <= 3
-    assert r.best_steps <= steps // 10
+    assert 1 <= len(r.best.requests) <= 3 and r.best_steps <= steps // 10
     assert r.stopped is None and r.calls >= 2
-    # the reduced trace is a trace: the catalog finds the leak again, and nothing new
+    # the reduced trace is a trace: the catalog finds the finding again, and nothing new
     found = catalog_findings(r.trace)
-    assert "finished.leaked" in {f.invariant for f in found}
+    assert invariant in {f.invariant for f in found}
     assert {f.invariant for f in found} <= {f.invariant for f in original}
     assert not any(f.invariant.startswith("trace.") for f in found)
     readme = (tmp_path / "out" / "README.md").read_text()
-    assert "finished.leaked" in readme and "| recording | 60 |" in readme
+    assert invariant in readme and "| recording | 60 |" in readme
     assert f"| reduced | {len(r.best.requests)} |" in readme
     assert not (tmp_path / "out" / ".candidates").exists()
-    # the standalone pytest file: vLLM and pytest only; fails with the bug, passes without
-    assert r.pytest_file == tmp_path / "out" / "test_finished_leaked.py"
-    text = r.pytest_file.read_text()
-    assert "vllm_contract" not in text and r.pytest_file.name in readme
-    bug_dir = str(trace.parent)
-    failed = _pytest(r.pytest_file, VLLM_SCHEDULER_CLS=BUG, PYTHONPATH=bug_dir)
-    assert failed.returncode == 1, failed.stdout[-2000:]
-    assert "is not in its finished_req_ids" in failed.stdout
-    assert "leaks that state" in failed.stdout  # the invariant's why, as the message
+    # the standalone pytest file: fails with the bug, passes without
+    assert r.pytest_file == tmp_path / "out" / f"test_{invariant.replace('.', '_')}.py"
+    assert "vllm_contract" not in r.pytest_file.read_text() and r.pytest_file.name in readme
+    failed = _pytest(r.pytest_file, VLLM_SCHEDULER_CLS=specs[name], PYTHONPATH=str(root))
+    assert failed.returncode == 1, failed.stdout[-3000:]
+    assert " ".join(_why(invariant).split()) in " ".join(failed.stdout.split())
     passed = _pytest(r.pytest_file)
-    assert passed.returncode == 0, passed.stdout[-2000:]
+    assert passed.returncode == 0, passed.stdout[-3000:]
 
 
-def test_jobs_re_run_side_by_side_and_come_to_the_serial_result(recording, tmp_path):
-    trace, _ = recording
-    serial = reduce(trace, "finished.leaked", tmp_path / "one", scheduler_cls=BUG)
-    parallel = reduce(trace, "finished.leaked", tmp_path / "two", scheduler_cls=BUG, jobs=2)
-    assert parallel.best == serial.best and parallel.best_steps == serial.best_steps
-    assert parallel.calls >= serial.calls  # a batch's later members run too
-    with pytest.raises(TraceError, match="--jobs 0"):
-        reduce(trace, "finished.leaked", tmp_path / "zero", jobs=0)
+def _why(invariant: str) -> str:
+    from vllm_contract.replay.query import catalog
+
+    return next(i.why for i in catalog.load(None) if i.id == invariant).strip()
 
 
-def _pytest(path, **env):
+# the emitted file run where vllm_contract cannot be imported: only vLLM and pytest
+_ONLY_VLLM = """
+import sys
+class Refuse:
+    def find_spec(self, name, path=None, target=None):
+        if name == "vllm_contract" or name.startswith("vllm_contract."):
+            raise ImportError("the pytest file must not need vllm_contract")
+sys.meta_path.insert(0, Refuse())
+import pytest
+sys.exit(pytest.main(sys.argv[1:]))
+"""
+
+
+def _pytest(path: Path, **env) -> subprocess.CompletedProcess:
     """The emitted file run by pytest in a fresh process, from its own directory (no conftest
     of this project in reach)."""
-    import os
-    import subprocess
-    import sys
-
-    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+    return subprocess.run([sys.executable, "-c", _ONLY_VLLM, "-q", "-p", "no:cacheprovider",
                            "--rootdir", str(path.parent), path.name], cwd=path.parent,
                           env={**os.environ, **env}, capture_output=True, text=True, timeout=300)
 
 
-def test_a_finding_the_stock_scheduler_does_not_make_is_refused_in_one_line(recording,
-                                                                             tmp_path):
-    trace, _ = recording
+@pytest.fixture(scope="module")
+def serial(small, tmp_path_factory):
+    """The small recording reduced one candidate at a time; its output folder."""
+    trace, spec = small
+    out = tmp_path_factory.mktemp("reduce-serial") / "out"
+    return reduce(trace, "finished.leaked", out, scheduler_cls=spec), out
+
+
+def test_requests_and_settings_are_cut_shorter(serial):
+    """The leak needs one request that finishes: its prompt and output are cut shorter and the
+    cache made smaller; the report and the file say so."""
+    r, out = serial
+    (rid,) = r.best.requests
+    cut = r.as_dict()["cuts"][rid]
+    assert cut["prompt_tokens"] < cut["prompt_tokens_recorded"]
+    assert cut["outputs"] < cut["outputs_recorded"]
+    settings = r.as_dict()["settings"]
+    assert settings["num_kv_blocks"]["value"] < settings["num_kv_blocks"]["recorded"]
+    readme = (out / "README.md").read_text()
+    assert f"`{rid}` cut shorter: {cut['prompt_tokens']} of its" in readme
+    text = r.pytest_file.read_text()
+    assert f"NUM_BLOCKS = {settings['num_kv_blocks']['value']}\n" in text
+    assert f"'max_tokens': {cut['outputs']}," in text
+
+
+def test_jobs_re_run_side_by_side_and_come_to_the_serial_result(small, serial, tmp_path):
+    trace, spec = small
+    one, _ = serial
+    parallel = reduce(trace, "finished.leaked", tmp_path / "two", scheduler_cls=spec, jobs=2)
+    assert parallel.best == one.best and parallel.best_steps == one.best_steps
+    assert parallel.calls >= one.calls  # a batch's later members run too
+    with pytest.raises(TraceError, match="--jobs 0"):
+        reduce(trace, "finished.leaked", tmp_path / "zero", jobs=0)
+
+
+def test_a_finding_the_stock_scheduler_does_not_make_is_refused_in_one_line(small, tmp_path):
+    trace, _ = small
     with pytest.raises(TraceError, match="does not survive re-simulation.*--worker shadow"):
         reduce(trace, "finished.leaked", tmp_path / "stock")
     assert not (tmp_path / "stock").exists()
@@ -113,8 +162,8 @@ def test_a_finding_the_stock_scheduler_does_not_make_is_refused_in_one_line(reco
     assert "does not survive re-simulation" in r.stderr and "Traceback" not in r.output
 
 
-def test_unusable_input_is_one_line(recording, tmp_path):
-    trace, _ = recording
+def test_unusable_input_is_one_line(small, tmp_path):
+    trace, _ = small
 
     def run(*args):
         return CliRunner().invoke(app, ["reduce", *map(str, args)])
@@ -131,14 +180,41 @@ def test_unusable_input_is_one_line(recording, tmp_path):
     assert r.exit_code == 2 and "already exists" in r.stderr
 
 
-def test_max_seconds_keeps_the_best_so_far(recording, tmp_path):
-    trace, steps = recording
+def test_max_seconds_keeps_the_best_so_far(small, tmp_path):
+    trace, spec = small
     r = CliRunner().invoke(app, ["reduce", str(trace), "--finding", "finished.leaked",
-                                 "--scheduler-cls", BUG, "--out", str(tmp_path / "out"),
+                                 "--scheduler-cls", spec, "--out", str(tmp_path / "out"),
                                  "--max-seconds", "0", "--json"])
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
     assert out["stopped"] == "--max-seconds" and out["calls"] == 1
-    assert out["requests_after"] == 60  # the whole recording re-run: the only candidate run
+    assert out["requests_after"] == 12  # the whole recording re-run: the only candidate run
     assert "stopped early (--max-seconds)" in r.stderr
     assert any(f.startswith("finished.leaked") for f in out["findings"])
+
+
+def test_ctrl_c_keeps_the_best_so_far(bugs, small, tmp_path):
+    """SIGINT to a running `vllm-contract reduce` once it reports progress: it ends at once
+    with the best reduction so far written out, as a finished one is."""
+    root, _ = bugs
+    trace, spec = small
+    cli = Path(sys.executable).with_name("vllm-contract")
+    proc = subprocess.Popen([str(cli), "reduce", str(trace), "--finding", "finished.leaked",
+                             "--scheduler-cls", spec, "--out", str(tmp_path / "out"), "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(root)})
+    try:
+        for line in proc.stderr:  # the first progress line: a reduction is under way
+            if line.startswith("reducing finished.leaked"):
+                break
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, stderr[-2000:]
+    out = json.loads(stdout)
+    assert out["stopped"] == "interrupted" and out["requests_after"] <= 12
+    assert "stopped early (interrupted)" in stderr and "Traceback" not in stderr
+    assert any(f.startswith("finished.leaked") for f in out["findings"])
+    assert (tmp_path / "out" / "trace").is_dir() and (tmp_path / "out" / "README.md").exists()
+    assert not (tmp_path / "out" / ".candidates").exists()
