@@ -18,6 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # the table on stdout, not vLLM's log
+
 
 def record(cls, path: Path, requests: int) -> int:
     from vllm_contract.rig import bugged, tiny_model
