@@ -163,7 +163,8 @@ def steps_of(gw, engine: str, lo: int, hi: int) -> Steps:
         raise TraceError(f"engine {engine} has no recorded step in {lo:,}..{hi:,}")
     cols = {n: t[n].to_numpy() for n in t.column_names}
     start = (cols["t_ns"] - cols["schedule_ns"]).astype(np.int64)
-    start = np.maximum.accumulate(start)  # a clock that steps back would draw overlaps
+    # a clock that steps back would draw overlaps; Perfetto's timestamps are unsigned
+    start = np.maximum.accumulate(np.maximum(start, 0))
     gaps = np.diff(start)
     typical = int(np.median(gaps)) if len(gaps) else int(cols["schedule_ns"][0])
     end = np.append(start[1:], start[-1] + max(1000, typical))
