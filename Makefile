@@ -7,7 +7,7 @@ STAMP := $(VENV)/.vllm-contract-installed
 # The tiny local model is built once into the checkout's .cache/.
 export VLLM_CONTRACT_CACHE ?= $(CURDIR)/.cache
 
-.PHONY: setup test demo bench fuzz spark samples docs clean
+.PHONY: setup browser test demo bench fuzz spark samples docs clean
 
 setup: $(STAMP)
 
@@ -22,7 +22,14 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q -e '.[test]'
 	touch $@
 
-test: $(STAMP)
+# the report's browser test drives Debian's chromium (tests/timeline/test_report.py); without
+# root to install it, the test fails saying what to install
+browser:
+	@command -v chromium >/dev/null 2>&1 || apt-get install -y -q --no-install-recommends chromium \
+		|| (apt-get update -q && apt-get install -y -q --no-install-recommends chromium) \
+		|| echo "make: could not install chromium: apt-get install -y chromium"
+
+test: $(STAMP) browser
 	$(PY) -m pytest -q
 
 demo: $(STAMP)
@@ -44,11 +51,12 @@ spark: $(STAMP)
 samples: $(STAMP)
 	$(PY) samples/regenerate.py
 
-docs: $(STAMP)
+docs: $(STAMP) browser
 	$(PY) -m vllm_contract.schema > docs/trace-tables.md
 	$(PY) -m vllm_contract.replay.query.catalog > docs/invariants.md
 	$(PY) -m vllm_contract.replay.query.views > docs/sql-views.md
 	PYTHONPATH=tests/tui $(PY) tests/tui/screenshot.py docs/tui.svg
+	$(PY) tests/timeline/screenshot.py docs/report.png
 
 clean:
 	rm -rf $(VENV) .cache demo-trace build dist *.egg-info

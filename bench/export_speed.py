@@ -1,10 +1,12 @@
-"""How long does `export --perfetto` take on a long trace, and how big is the file?
+"""How long do `export --perfetto` and `report` take on a long trace, and how big are their
+files?
 
 Generates a contract-respecting trace (bench/gen_trace.py; `--keep DIR` reuses one there),
 then in one process: the catalog alone (what `check` runs, and what the export's findings
 cost), the export's reading of steps and request phases, and the writing of the file. Prints
 each time, the export's total as a ratio of the catalog's measured beside it, the file's bytes
-per step and the peak RSS.
+per step and the peak RSS; then `report` of the same trace in a fresh process (its own peak
+RSS): its time, as a ratio of the catalog's, and the page's size.
 
 Usage: python bench/export_speed.py [--steps 1000000] [--keep DIR]
 """
@@ -64,6 +66,18 @@ def main() -> None:
           f"{read_s:.1f} | {write_s:.1f} | {(read_s + write_s) / catalog_s:.2f} | {size:,} | "
           f"{size / steps:.0f} | {counts['packets']:,} | "
           f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:,.0f} |")
+    page = root / "report.html"
+    code = ("import resource, sys, time; from vllm_contract.replay.timeline.report import write; "
+            "t0 = time.perf_counter(); c = write(sys.argv[1], sys.argv[2]); "
+            "print(time.perf_counter() - t0, c['bytes'], "
+            "resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)")
+    import subprocess
+
+    got = subprocess.run([sys.executable, "-c", code, str(trace), str(page)], check=True,
+                         capture_output=True, text=True).stdout.split()
+    secs, size, rss = float(got[0]), int(got[1]), float(got[2])
+    print("\n| report s | report / catalog | page bytes | peak RSS MB |\n|---|---|---|---|")
+    print(f"| {secs:.1f} | {secs / catalog_s:.2f} | {size:,} | {rss:,.0f} |")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""`export`: a trace as a timeline another tool opens (docs/timeline.md)."""
+"""`export` and `report`: a trace as a timeline another tool opens (docs/timeline.md), and as
+one HTML page (docs/report.md)."""
 
 from __future__ import annotations
 
@@ -48,4 +49,37 @@ def export(
         return
     err(f"wrote {perfetto}: {counts['engines']} engine(s), {counts['steps']:,} steps, "
         f"{counts['requests']:,} requests in {counts['lanes']:,} lanes, "
+        f"{counts['findings']:,} findings, {counts['bytes']:,} bytes")
+
+
+@app.command()
+def report(
+    trace: Annotated[Path, typer.Argument(help="Trace directory (a root: every engine).")],
+    out: Annotated[Path, typer.Option("--out", metavar="REPORT.html", help="The page to write: "
+                                      "one file, everything inline (opens offline).")],
+    first: Annotated[Optional[int], typer.Option("--from", help="The first step drawn.")] = None,
+    last: Annotated[Optional[int], typer.Option("--until", help="The last step drawn.")] = None,
+    engine: Annotated[Optional[str], typer.Option("--engine", help="Only this engine (default "
+                                                  "all, a section each).")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="What was written, as JSON.")] = False,
+) -> None:
+    """A self-contained HTML page to attach to a bug report: `info`'s summary, the findings
+    with their why and the vLLM code they rely on, and charts of tokens per step, batch size,
+    KV usage, queue lengths, schedule() time, the requests' lanes and their time to first
+    token and duration in steps."""
+    from vllm_contract.replay.timeline.report import write
+
+    if out.exists() and out.is_dir():
+        fail(f"--out {out} is a directory: give a file name")
+    bar = Progress(every=2.0)
+    try:
+        counts = write(trace, out, engine=engine, first=first, last=last, progress=bar.show)
+    except TraceError as e:
+        bar.end()
+        fail(e)
+    bar.end()
+    if json_out:
+        typer.echo(json.dumps(counts, indent=2))
+        return
+    err(f"wrote {out}: {counts['engines']} engine(s), {counts['charts']} charts, "
         f"{counts['findings']:,} findings, {counts['bytes']:,} bytes")
