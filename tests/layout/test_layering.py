@@ -26,7 +26,8 @@ ROOT = Path(__file__).resolve().parents[2]
 # folder -> the package it installs as
 PACKAGES = {"core": "vllm_contract", "cli": "vllm_contract.cli",
             "recorder": "vllm_contract.recorder", "replay": "vllm_contract.replay",
-            "tui": "vllm_contract.tui", "rig": "vllm_contract.rig"}
+            "tui": "vllm_contract.tui", "rig": "vllm_contract.rig",
+            "testing": "vllm_contract.testing"}
 CORE = {f"vllm_contract.{p.stem}" for p in (ROOT / "core").glob("*.py") if p.stem != "__init__"}
 HEAVY = ("duckdb", "vllm", "typer", "textual", "torch")
 
@@ -233,7 +234,7 @@ def test_only_the_query_layer_imports_duckdb_on_the_reading_side():
 def test_pyspark_only_in_the_spark_module_and_only_lazily():
     """pyspark is an optional extra: nothing but replay/query/spark.py may import it, and that
     only inside functions, so that `check` on DuckDB never needs it."""
-    everywhere = [v for folder in ("core", "recorder", "replay", "cli", "tui", "rig")
+    everywhere = [v for folder in ("core", "recorder", "replay", "cli", "tui", "rig", "testing")
                   for v in _violations(folder, ("pyspark",))]
     assert [v for v in everywhere if not v.startswith("vllm_contract.replay.query.spark")] == []
     assert _violations("replay", ("pyspark",), top_level_only=True) == []
@@ -275,7 +276,7 @@ def test_the_tui_rule_sees_an_import_of_replays_insides(tmp_path, monkeypatch):
     assert "load_catalog" not in str(e.value) and "Session" not in str(e.value)
 
 
-@pytest.mark.parametrize("folder", ["core", "recorder", "replay", "rig"])
+@pytest.mark.parametrize("folder", ["core", "recorder", "replay", "rig", "testing"])
 def test_nothing_but_cli_and_tui_imports_textual(folder):
     assert _violations(folder, ("textual",)) == []
 
@@ -418,7 +419,7 @@ def test_cli_and_rig_load_no_duckdb_at_import_time():
     """`vllm-contract --help` and the commands that run no SQL must not pay for DuckDB: the
     command line loads it inside the commands that query. The rig drives real vLLM engines in
     the process being recorded, beside the recorder, which never loads it."""
-    assert _loading_duckdb(("cli", "rig")) == []
+    assert _loading_duckdb(("cli", "rig", "testing")) == []
 
 
 def test_the_duckdb_rule_follows_what_runs_at_import_time(tmp_path, monkeypatch):

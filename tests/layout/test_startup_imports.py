@@ -61,3 +61,11 @@ def test_the_check_sees_pandas_when_it_is_loaded():
     # the same probe after a conversion that does load it: the tests above are not vacuous
     loaded = _modules_after("import pyarrow as pa\npa.array([1, 2])")
     assert "pandas" in loaded
+
+
+def test_the_pytest_plugin_loads_nothing_heavy_until_turned_on():
+    """pytest loads the plugin (entry point pytest11) in every run of every project that has
+    vllm-contract installed: off, it must cost nothing."""
+    loaded = _top(_modules_after("import vllm_contract.testing.plugin"))
+    assert not loaded & {"duckdb", "pandas", "vllm", "torch", "pyarrow", "numpy", "textual",
+                         "typer"}, loaded
