@@ -14,6 +14,13 @@ from vllm_contract.errors import TraceError
 
 app = typer.Typer()
 
+# the options both commands take: which steps, which engine
+First = Annotated[Optional[int], typer.Option("--from", help="The first step drawn.")]
+Last = Annotated[Optional[int], typer.Option("--until", help="The last step drawn.")]
+Engine = Annotated[Optional[str], typer.Option("--engine", help="Only this engine (default "
+                                               "all: a process, or a section, each).")]
+Json = Annotated[bool, typer.Option("--json", help="What was written, as JSON.")]
+
 
 @app.command()
 def export(
@@ -21,11 +28,10 @@ def export(
     perfetto: Annotated[Path, typer.Option("--perfetto", metavar="OUT.pftrace", help="Write a "
                                            "Perfetto timeline (TrackEvent protobuf) there: "
                                            "open it in ui.perfetto.dev.")],
-    first: Annotated[Optional[int], typer.Option("--from", help="The first step drawn.")] = None,
-    last: Annotated[Optional[int], typer.Option("--until", help="The last step drawn.")] = None,
-    engine: Annotated[Optional[str], typer.Option("--engine", help="Only this engine (default "
-                                                  "all, one process each).")] = None,
-    json_out: Annotated[bool, typer.Option("--json", help="What was written, as JSON.")] = False,
+    first: First = None,
+    last: Last = None,
+    engine: Engine = None,
+    json_out: Json = False,
 ) -> None:
     """A timeline of the trace: per engine a process with a track of steps (with their counts
     as arguments), counters (tokens per step, running, waiting, KV usage, schedule() time),
@@ -57,11 +63,10 @@ def report(
     trace: Annotated[Path, typer.Argument(help="Trace directory (a root: every engine).")],
     out: Annotated[Path, typer.Option("--out", metavar="REPORT.html", help="The page to write: "
                                       "one file, everything inline (opens offline).")],
-    first: Annotated[Optional[int], typer.Option("--from", help="The first step drawn.")] = None,
-    last: Annotated[Optional[int], typer.Option("--until", help="The last step drawn.")] = None,
-    engine: Annotated[Optional[str], typer.Option("--engine", help="Only this engine (default "
-                                                  "all, a section each).")] = None,
-    json_out: Annotated[bool, typer.Option("--json", help="What was written, as JSON.")] = False,
+    first: First = None,
+    last: Last = None,
+    engine: Engine = None,
+    json_out: Json = False,
 ) -> None:
     """A self-contained HTML page to attach to a bug report: `info`'s summary, the findings
     with their why and the vLLM code they rely on, and charts of tokens per step, batch size,

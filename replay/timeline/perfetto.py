@@ -43,18 +43,18 @@ class _Sequence:
         return p
 
     def name(self, packet: Any, name: str) -> int:
-        iid = self.names.get(name)
-        if iid is None:
-            iid = self.names[name] = len(self.names) + 1
-            e = packet.interned_data.event_names.add()
-            e.iid, e.name = iid, name
-        return iid
+        return self._intern(self.names, packet.interned_data.event_names, name)
 
     def key(self, packet: Any, name: str) -> int:
-        iid = self.keys.get(name)
+        return self._intern(self.keys, packet.interned_data.debug_annotation_names, name)
+
+    @staticmethod
+    def _intern(table: dict[str, int], entries: Any, name: str) -> int:
+        """`name`'s iid on this sequence; interned in this packet when new to it."""
+        iid = table.get(name)
         if iid is None:
-            iid = self.keys[name] = len(self.keys) + 1
-            e = packet.interned_data.debug_annotation_names.add()
+            iid = table[name] = len(table) + 1
+            e = entries.add()
             e.iid, e.name = iid, name
         return iid
 
