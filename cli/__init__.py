@@ -9,7 +9,7 @@ import sys
 import typer
 import typer.core
 
-from vllm_contract.cli import check, export, live, reduce, replay, resim, trace, tui
+from vllm_contract.cli import check, contract, export, live, reduce, replay, resim, trace, tui
 
 
 def _flag_type(self, ctx):
@@ -25,7 +25,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   rich_markup_mode="markdown",
                   help="Record, check and replay the contract between vLLM's scheduler and "
                        "its workers.")
-for group in (trace, check, live, replay, resim, reduce, export, tui):
+for group in (trace, check, live, replay, resim, reduce, export, contract, tui):
     app.add_typer(group.app)
 
 

@@ -1,0 +1,65 @@
+"""`contract`: the installed vLLM's contract dataclasses against another field set
+(docs/contract.md)."""
+
+from __future__ import annotations
+
+import enum
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from vllm_contract.cli.common import fail, quiet_vllm
+from vllm_contract.errors import TraceError
+
+app = typer.Typer()
+
+# the seed excerpt beside the checkout (../shared/seeds/), as the project was given it
+SEEDS = Path(__file__).resolve().parents[1] / ".." / "shared" / "seeds"
+
+
+class Format(str, enum.Enum):
+    oneline = "oneline"
+    markdown = "markdown"
+    json = "json"
+    github = "github"
+
+
+@app.command()
+def contract(
+    against: Annotated[Optional[str], typer.Option(
+        "--against", metavar="seed|TRACE|FIELDS.json",
+        help="What to diff the installed vLLM against: the seed excerpt of vLLM's source, a "
+             "trace's recorded field sets, or a file `--dump` wrote.")] = None,
+    fmt: Annotated[Format, typer.Option("--format", "-f")] = Format.oneline,
+    dump: Annotated[bool, typer.Option("--dump", help="Print the installed field sets as JSON "
+                                       "(a file for a later --against) and stop.")] = False,
+    seeds: Annotated[Path, typer.Option("--seeds", help="Where the seed excerpts are.",
+                                        show_default=False)] = SEEDS,
+) -> None:
+    """The fields of every dataclass the trace format depends on (SchedulerOutput,
+    NewRequestData, CachedRequestData, ModelRunnerOutput, the Request arguments resim gives) in
+    the installed vLLM, diffed against another field set; each change classified (added,
+    removed, renamed, type changed) and rated by what it breaks here (recording, check, replay,
+    resim). Exit 0: no change that breaks something; 1: some; 2: unusable input."""
+    quiet_vllm()
+    from vllm_contract.replay import contract as c
+
+    if dump == (against is not None):
+        fail("give --against seed|TRACE|FIELDS.json, or --dump")
+    try:
+        now = c.installed()
+    except ImportError as e:
+        fail(f"vLLM is not importable here: {e}")
+    if dump:
+        typer.echo(json.dumps(now.as_dict(), indent=2))
+        return
+    try:
+        before = c.load(against, seeds.resolve())
+    except TraceError as e:
+        fail(e)
+    changes = c.diff(before, now)
+    typer.echo(c.render(changes, before, now, fmt.value))
+    if any(ch.breaks for ch in changes):
+        raise typer.Exit(1)
