@@ -7,7 +7,7 @@ STAMP := $(VENV)/.vllm-contract-installed
 # The tiny local model is built once into the checkout's .cache/.
 export VLLM_CONTRACT_CACHE ?= $(CURDIR)/.cache
 
-.PHONY: setup browser test demo bench fuzz spark samples docs clean
+.PHONY: setup browser test demo bench fuzz spark compat samples docs clean
 
 setup: $(STAMP)
 
@@ -47,6 +47,11 @@ fuzz: $(STAMP)
 # The catalog on Spark against DuckDB on every sample and every trace the catalog's tests check.
 spark: $(STAMP)
 	$(PY) -m pytest -q tests/query tests/cli
+
+# each vLLM line of the support window in an env of its own (.cache/compat/, kept), the compat
+# suite in each, the table in docs/compat.md (docs/compat.md says what each column runs)
+compat: $(STAMP)
+	$(PY) compat/run.py window
 
 samples: $(STAMP)
 	$(PY) samples/regenerate.py
