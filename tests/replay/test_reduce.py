@@ -111,9 +111,11 @@ sys.exit(pytest.main(sys.argv[1:]))
 def _pytest(path: Path, **env) -> subprocess.CompletedProcess:
     """The emitted file run by pytest in a fresh process, from its own directory (no conftest
     of this project in reach)."""
+    # no plugin of an installed package either (ours among them: it would need vllm_contract)
     return subprocess.run([sys.executable, "-c", _ONLY_VLLM, "-q", "-p", "no:cacheprovider",
                            "--rootdir", str(path.parent), path.name], cwd=path.parent,
-                          env={**os.environ, **env}, capture_output=True, text=True, timeout=300)
+                          env={**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", **env},
+                          capture_output=True, text=True, timeout=300)
 
 
 @pytest.fixture(scope="module")
