@@ -27,7 +27,8 @@ CAPABILITIES = (
     ("check", "check clean"), ("shadow", "shadow replay clean"),
     ("real", "real-worker replay, 0 divergences"), ("resim", "resim decision-identical"),
     ("tui", "the TUI opens"), ("contract", "contract vs the seed"),
-    ("others", "the other versions' traces: check + shadow"))
+    ("others", "the other versions' traces: check + shadow"),
+    ("drift", "the other versions' traces: real worker and resim say how they differ"))
 
 
 def _one_line(e: BaseException) -> str:
@@ -158,9 +159,39 @@ def suite(out: Path, work: Path, others: list[Path], only: list[str] | None = No
             said.append(open_trace(t).engines[0].manifest.get("vllm_version") or "?")
         return ("clean: " + ", ".join(said)) if said else "none to open"
 
+    def drift() -> str:
+        """Another version's trace: where the classes differ, the real worker refuses saying
+        which fields, and resim says so in a note; where they do not, both run as on their
+        own version's."""
+        from vllm_contract import replay
+        from vllm_contract.trace import open_trace
+
+        said = []
+        cli = Path(sys.executable).with_name("vllm-contract")
+        for t in others:
+            v = open_trace(t).engines[0].manifest.get("vllm_version") or "?"
+            r = subprocess.run([str(cli), "replay", str(t), "--worker", "vllm", "--format",
+                                "json"], capture_output=True, text=True, timeout=1200)
+            run = replay.resim(t)
+            list(run)
+            noted = [n for n in run.summary.notes if "whose classes differ" in n]
+            if r.returncode == 2 and "differs from the trace's" in r.stderr:
+                if not noted:
+                    raise AssertionError(f"{v}: the real worker says the classes differ, "
+                                         "resim does not")
+                said.append(f"{v}: differ ({r.stderr.split(': ', 2)[-1].split(';')[0]}), "
+                            "real refused, resim noted")
+            elif r.returncode == 0 and not noted:
+                said.append(f"{v}: same classes, 0 divergences")
+            else:
+                raise AssertionError(f"{v}: real worker exit {r.returncode} "
+                                     f"({' '.join(r.stderr.split())[-200:]}); resim notes "
+                                     f"{noted}")
+        return "; ".join(said) if said else "none to open"
+
     for name, fn in (("record", record), ("plugin", plugin), ("check", check),
                      ("shadow", shadow), ("real", real), ("resim", resim), ("tui", tui),
-                     ("contract", contract), ("others", earlier)):
+                     ("contract", contract), ("others", earlier), ("drift", drift)):
         if not only or name in only:
             cap(name, fn)
     return res
@@ -230,7 +261,7 @@ def window(versions: list[str], cache: Path, doc: Path) -> list[dict]:
     for v, py, out, mine in traces:
         print(f"compat: vLLM {v}: the other versions' traces", file=sys.stderr, flush=True)
         subprocess.run([str(py), str(Path(__file__).resolve()), "suite", str(out), "--work",
-                        str(cache / f"work-{v}"), "--only", "others",
+                        str(cache / f"work-{v}"), "--only", "others", "--only", "drift",
                         *[x for w, _, _, t in traces if w != v for x in ("--others", t)]],
                        capture_output=True, text=True, timeout=3600, cwd=ROOT)
         for r in results:
@@ -284,7 +315,12 @@ def table(results: list[dict]) -> str:
               "breaking;",
               "- the other versions' traces: the in-process trace each other version recorded, "
               "`check` and the shadow worker under this one (an older version's trace under "
-              "a newer vLLM and the other way)."]
+              "a newer vLLM and the other way);",
+              "- real worker and resim say how they differ: each of those traces replayed into "
+              "the real worker and re-run by resim: where the recording's classes differ from "
+              "the installed ones, the real worker refuses in one line naming the fields (a "
+              "real replay is not meaningful then) and resim notes them; where they do not, "
+              "both run."]
     details = [f"- {r.get('vllm')}: " + "; ".join(
         f"{n} {c.get('detail') or c.get('reason')} ({c.get('seconds')} s)"
         for n, c in r.get("capabilities", {}).items()) for r in results if "capabilities" in r]
