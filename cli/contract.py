@@ -3,14 +3,13 @@
 
 from __future__ import annotations
 
-import enum
 import json
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
-from vllm_contract.cli.common import fail, quiet_vllm
+from vllm_contract.cli.common import emit, fail, format_choice, quiet_vllm
 from vllm_contract.errors import TraceError
 
 app = typer.Typer()
@@ -19,11 +18,7 @@ app = typer.Typer()
 SEEDS = Path(__file__).resolve().parents[1] / ".." / "shared" / "seeds"
 
 
-class Format(str, enum.Enum):
-    oneline = "oneline"
-    markdown = "markdown"
-    json = "json"
-    github = "github"
+Format = format_choice("Format", "contract")
 
 
 @app.command()
@@ -32,7 +27,7 @@ def contract(
         "--against", metavar="seed|TRACE|FIELDS.json",
         help="What to diff the installed vLLM against: the seed excerpt of vLLM's source, a "
              "trace's recorded field sets, or a file `--dump` wrote.")] = None,
-    fmt: Annotated[Format, typer.Option("--format", "-f")] = Format.oneline,
+    fmt: Annotated[Format, typer.Option("--format", "-f")] = Format("oneline"),
     dump: Annotated[bool, typer.Option("--dump", help="Print the installed field sets as JSON "
                                        "(a file for a later --against) and stop.")] = False,
     seeds: Annotated[Path, typer.Option("--seeds", help="Where the seed excerpts are.",
@@ -60,6 +55,8 @@ def contract(
     except TraceError as e:
         fail(e)
     changes = c.diff(before, now)
-    typer.echo(c.render(changes, before, now, fmt.value))
+    from vllm_contract.replay.export import render
+
+    emit(render("contract", fmt.value, changes, before, now))
     if any(ch.breaks for ch in changes):
         raise typer.Exit(1)

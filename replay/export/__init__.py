@@ -9,6 +9,7 @@ from __future__ import annotations
 from vllm_contract.replay.export.registry import Rendered, exporter, formats, render
 
 # importing them registers their formats
-from vllm_contract.replay.export import engines, findings, replays, summary, tables  # noqa: F401
+from vllm_contract.replay.export import (  # noqa: F401
+    contract, engines, findings, replays, summary, tables)
 
 __all__ = ["Rendered", "exporter", "formats", "render"]
