@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import enum
 import json
+import tempfile
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -61,7 +62,7 @@ def _table(summary, divergent: list) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _whatif_table(summary) -> str:
+def _whatif_table(summary, kept: bool) -> str:
     """A what-if run: the comparison with the recording, side by side."""
     from vllm_contract.replay.resim.whatif import table
 
@@ -79,7 +80,8 @@ def _whatif_table(summary) -> str:
         lines += table(s.whatif)
     rec = s.recorded
     if rec is not None:
-        lines.append(f"the re-run recorded in {rec.trace}"
+        lines.append((f"the re-run recorded in {rec.trace}" if kept else
+                      "the re-run checked in a scratch trace (--out NEW_TRACE keeps it)")
                      + (f" (first finding: {rec.findings[0]})" if rec.findings else ""))
     return "\n".join(lines) + "\n"
 
@@ -136,14 +138,27 @@ def resim(
     from vllm_contract.replay.resim import resim as run_resim
 
     bar = Progress()
+    whatif = bool(set_) or scheduler_cls is not None
+    # a what-if run's verdict is the catalog's on the re-run: without --out it is recorded
+    # into a trace of its own that goes when the command ends
+    scratch = tempfile.TemporaryDirectory(prefix="vllm-contract-resim-") if (
+        whatif and out is None) else None
     try:
-        hook = _hook(break_hook, bar) if break_at is not None else break_hook
-        whatif = bool(set_) or scheduler_cls is not None
-        run = run_resim(trace, engine, scheduler_cls, _settings(set_ or []) or None,
-                        break_at=break_at, break_hook=hook, until=until, out=out,
-                        whatif=whatif, arrivals=arrivals)
-    except TraceError as e:
-        fail(e)
+        try:
+            hook = _hook(break_hook, bar) if break_at is not None else break_hook
+            run = run_resim(trace, engine, scheduler_cls, _settings(set_ or []) or None,
+                            break_at=break_at, break_hook=hook, until=until,
+                            out=out if scratch is None else Path(scratch.name) / "rerun",
+                            whatif=whatif, arrivals=arrivals)
+        except TraceError as e:
+            fail(e)
+        _run(run, bar, whatif, format, kept=scratch is None)
+    finally:
+        if scratch is not None:
+            scratch.cleanup()
+
+
+def _run(run, bar: Progress, whatif: bool, format: ResimFormat, kept: bool) -> None:
     for note in run.notes:
         err(f"vllm-contract: note: {note}")
     total, divergent = run.total_steps, []
@@ -161,10 +176,12 @@ def resim(
     s = run.summary
     if format is ResimFormat.json:
         out = s.as_dict()
+        if not kept and out.get("out"):
+            out["out"]["trace"] = None  # the scratch trace is gone with the command
         out["divergent_steps"] = [r.step for r in divergent]
         typer.echo(json.dumps(out, indent=2))
     elif whatif:
-        typer.echo(_whatif_table(s), nl=False)
+        typer.echo(_whatif_table(s, kept), nl=False)
     else:
         typer.echo(_table(s, divergent), nl=False)
     if whatif:

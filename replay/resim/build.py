@@ -13,15 +13,18 @@ from vllm_contract.replay.resim import log
 
 _STOCK = "vllm.v1.core.sched.scheduler:Scheduler"
 _ASYNC = "vllm.v1.core.sched.async_scheduler:AsyncScheduler"
-# manifest `engine` keys an override may set
-SETTINGS = ("model", "dtype", "max_model_len", "seed", "block_size", "enable_prefix_caching",
-            "num_kv_blocks", "max_num_batched_tokens", "max_num_seqs", "chunked_prefill")
 # recorded settings handed to EngineArgs under the same name, where the installed vLLM has it
 # (the partial-prefill limits are older versions'); absent from older manifests: vLLM's defaults
 APPLIED = ("long_prefill_token_threshold", "long_prefill_token_threshold_adaptive",
            "max_num_partial_prefills", "max_long_partial_prefills", "max_num_scheduled_tokens",
            "max_num_active_seqs", "watermark", "scheduler_reserve_full_isl",
            "disable_chunked_mm_input", "prefix_caching_hash_algo")
+# manifest `engine` keys an override may set: the cache and scheduler settings a re-run builds
+SETTINGS = ("model", "dtype", "max_model_len", "seed", "block_size", "enable_prefix_caching",
+            "num_kv_blocks", "max_num_batched_tokens", "max_num_seqs", "chunked_prefill",
+            "policy", *APPLIED)
+# vLLM's names for a setting the manifest keeps under another (cache_config.num_gpu_blocks)
+ALIASES = {"num_gpu_blocks": "num_kv_blocks", "enable_chunked_prefill": "chunked_prefill"}
 # the KV cache group specs a re-run builds: their block managers need only the block size and
 # the window; the others hold state (Mamba) or layouts (MLA, sparse) the manifest does not keep
 GROUP_SPECS = ("FullAttentionSpec", "SlidingWindowSpec", "ChunkedLocalAttentionSpec")
@@ -37,17 +40,24 @@ class Built:
     unrecorded: list[str] = field(default_factory=list)
 
 
+def named(overrides: dict | None) -> dict:
+    """The overrides under the manifest's names (ALIASES)."""
+    return {ALIASES.get(k, k): v for k, v in (overrides or {}).items()}
+
+
 def settings_of(engine, overrides: dict | None) -> dict:
     e = dict(engine.manifest.get("engine") or {})
     if "max_num_scheduled_tokens" in e and (
             e["max_num_scheduled_tokens"] == e.get("max_num_batched_tokens")):
         # vLLM's derived value, not a setting: derived anew from an overridden budget
         e["max_num_scheduled_tokens"] = None
-    for k, v in (overrides or {}).items():
+    overrides = named(overrides)
+    for k, v in overrides.items():
         if k not in SETTINGS:
-            raise TraceError(f"unknown setting {k!r}: resim can set {', '.join(SETTINGS)}")
+            raise TraceError(f"unknown setting {k!r}: resim can set {', '.join(SETTINGS)} "
+                             f"({', '.join(f'{a} for {b}' for a, b in ALIASES.items())})")
         e[k] = v
-    if "block_size" in (overrides or {}):
+    if "block_size" in overrides:
         _rescale_blocks(e, (engine.manifest.get("engine") or {}).get("block_size"))
     policy = e.get("policy")
     if policy and str(policy).lower() != "fcfs" and not log.has_log(engine):
@@ -104,6 +114,14 @@ def _rescale_blocks(e: dict, recorded: Any) -> None:
         e["kv_cache_groups"] = [{**g, "block_size": e["block_size"]}
                                 if g.get("block_size") == recorded else g
                                 for g in e["kv_cache_groups"]]
+
+
+def not_applied(keys) -> list[str]:
+    """The APPLIED settings among `keys` that the installed vLLM's EngineArgs lacks."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    known = {f.name for f in fields(EngineArgs)}
+    return [k for k in keys if k in APPLIED and k not in known]
 
 
 def _engine_args(e: dict, structured: bool) -> tuple[Any, list[str]]:

@@ -483,6 +483,7 @@ def resim(trace_path: str | Path, engine: str | None = None, scheduler_cls: str 
     if arrivals == "time" and not whatif:
         raise TraceError("--arrivals time is for a what-if run (--set or --scheduler-cls): "
                          "a re-run of the recording adds each request where it was added")
+    overrides = building.named(overrides) or None
     eng = _open(trace_path, engine)
     inputs = derive(eng)
     if (keep is not None or trim) and not (whatif and inputs.logged):
@@ -512,6 +513,9 @@ def resim(trace_path: str | Path, engine: str | None = None, scheduler_cls: str 
         notes.append(f"recorded with {recorded}; re-run with {name}")
     if overrides:
         notes.append("settings overridden: " + ", ".join(f"{k}={v}" for k, v in overrides.items()))
+        if lacking := building.not_applied(overrides):
+            notes.append(f"not applied, the installed vLLM has no such setting: "
+                         f"{', '.join(lacking)}")
     rebuilt = rebuild(eng)
     if rebuilt.drift:
         notes.append(f"recorded by vLLM {eng.manifest.get('vllm_version')}, re-run on "

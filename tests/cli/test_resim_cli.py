@@ -53,8 +53,15 @@ def test_a_divergence_exits_1_and_says_where(traces):
     out = json.loads(r.stdout)
     assert r.exit_code == 1 and out["first_divergence"]["field"] == "finished_req_ids"
     assert out["first_divergence"]["step"] == out["divergent_steps"][0]
-    r = _invoke(traces / "bug", "--scheduler-cls", "cli_bug_sched:DropFinishedOnce")
-    assert r.exit_code == 0, (r.stdout, r.stderr)
+    # the buggy class re-runs its own recording step for step, and its re-run (checked in a
+    # scratch trace: no --out) has the bug's finding again
+    r = _invoke(traces / "bug", "--scheduler-cls", "cli_bug_sched:DropFinishedOnce",
+                "--format", "json")
+    assert r.exit_code == 1, (r.stdout, r.stderr)
+    out = json.loads(r.stdout)
+    assert out["identical_steps"] == out["recorded_steps"] > 0
+    assert any(f.startswith("finished.leaked") for f in out["whatif"]["rerun"]["findings"])
+    assert out["out"]["trace"] is None  # the scratch trace is not kept
 
 
 def _two_engines(src, dst):
@@ -156,7 +163,8 @@ def test_a_bad_stop_or_out_exits_2_with_one_line(traces, case, text):
 
 
 def test_an_override_is_a_what_if_run_compared_side_by_side(traces):
-    """One running request at a time: more steps to drain; no --out, no findings: exit 0."""
+    """One running request at a time: more steps to drain; no findings on either side (the
+    re-run checked in a scratch trace, since there is no --out): exit 0."""
     r = _invoke(traces / "good", "--set", "max_num_seqs=1")
     assert r.exit_code == 0, (r.stdout, r.stderr)
     lines = r.stdout.splitlines()
@@ -165,7 +173,8 @@ def test_an_override_is_a_what_if_run_compared_side_by_side(traces):
     rows = {line[:30].strip(): line[30:].split() for line in lines[header + 1:header + 9]}
     recorded, rerun = map(int, rows["steps to drain"])
     assert rerun > recorded
-    assert rows["catalog errors / warnings"] == ["-", "-"]  # the catalog runs with --out
+    assert rows["catalog errors / warnings"] == ["0", "/", "0", "0", "/", "0"]
+    assert "the re-run checked in a scratch trace (--out NEW_TRACE keeps it)" in r.stdout
     assert "what-if run: arrivals at the recording's step index" in r.stderr
     j = json.loads(_invoke(traces / "good", "--set", "max_num_seqs=1", "--format",
                            "json").stdout)

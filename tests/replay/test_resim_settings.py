@@ -72,6 +72,23 @@ def test_without_the_recorded_threshold_the_re_run_diverges(threshold_trace, tmp
                             f"tokens; the re-run scheduled it for 64")
 
 
+def test_a_scheduler_setting_and_vllms_own_names_can_be_overridden(threshold_trace):
+    """--set reaches the scheduler config (the threshold set back to vLLM's default makes the
+    same first divergence as a manifest that forgot it) and takes vLLM's names for the
+    manifest's (num_gpu_blocks is num_kv_blocks)."""
+    run, summary, _ = _run(threshold_trace, overrides={"long_prefill_token_threshold": 0})
+    assert run.scheduler.scheduler_config.long_prefill_token_threshold == 0
+    f = summary.first
+    assert f is not None and f.step == 0 and f.field == "num_scheduled_tokens"
+    assert f.difference.endswith("; the re-run scheduled it for 64")
+    run, summary, _ = _run(threshold_trace, overrides={"num_gpu_blocks": 40})
+    assert run.scheduler.kv_cache_manager.block_pool.num_gpu_blocks == 40
+    assert "settings overridden: num_kv_blocks=40" in summary.notes
+    with pytest.raises(TraceError, match=r"unknown setting 'num_gpu_blockz'.*num_gpu_blocks "
+                                         r"for num_kv_blocks"):
+        replay.resim(threshold_trace, overrides={"num_gpu_blockz": 4})
+
+
 def test_a_priority_recording_and_an_unbuildable_group_are_refused(threshold_trace, tmp_path):
     # priorities are in the input log: refused where a trace has none
     old = resimkit.without_input_log(threshold_trace, tmp_path / "old")
