@@ -119,6 +119,7 @@ _ENGINE = _obj({
     "scheduler_reserve_full_isl": _opt(_bool), "disable_chunked_mm_input": _opt(_bool),
     "prefix_caching_hash_algo": _opt(_str), "scheduler_block_size": _count,
     "hash_block_size": _count, "prefix_cache_retention_interval": _count,
+    "kv_connector": _opt(_str), "runner_type": _opt(_str),
     "kv_cache_groups": _opt(_list(_obj({"layers": _count, "spec": _opt(_str),
                                         "block_size": _count, "sliding_window": _count,
                                         "attention_chunk_size": _count}))),

@@ -89,6 +89,9 @@ def engine_settings(scheduler: Any) -> dict:
             "data_parallel_size": _get(par, "data_parallel_size", default=1),
         },
         "scheduler_class": f"{type(scheduler).__module__}.{type(scheduler).__qualname__}",
+        # what a re-run cannot reproduce: a connector's transfers, a pooling model's outputs
+        "kv_connector": _plain(_get(cfg, "kv_transfer_config", "kv_connector")),
+        "runner_type": _plain(_get(model, "runner_type")),
     }
 
 

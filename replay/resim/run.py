@@ -457,6 +457,20 @@ def _open(trace_path: str | Path, engine: str | None):
     return pick_engine(open_trace(trace_path), engine)
 
 
+def cannot_reproduce(engine: dict) -> list[str]:
+    """What the recording's engine did that a re-run with no worker cannot: said in one note,
+    the run goes on (the scheduler's decisions up to where they depend on it still count)."""
+    out = []
+    if engine.get("kv_connector"):
+        out.append(f"the KV connector's transfers ({engine['kv_connector']}): the re-run's "
+                   "outputs report no finished sends or receives, so requests waiting on a "
+                   "remote KV load are scheduled as if it never came")
+    if engine.get("runner_type") == "pooling":
+        out.append("pooling outputs: the re-run's outputs carry no pooler output, so pooling "
+                   "requests do not finish as they did")
+    return out
+
+
 def resim(trace_path: str | Path, engine: str | None = None, scheduler_cls: str | None = None,
           overrides: dict | None = None, *, break_at: int | None = None,
           break_hook: Any = None, until: int | None = None,
@@ -524,6 +538,8 @@ def resim(trace_path: str | Path, engine: str | None = None, scheduler_cls: str 
     built = building.build(settings, cls, name, inputs.structured)
     if not overrides or not {"num_kv_blocks", "block_size"} & set(overrides):
         notes += building.start_from(built.scheduler, eng.manifest.get("kv_cache_at_start"))
+    if beyond := cannot_reproduce(eng.manifest.get("engine") or {}):
+        notes.append("not reproduced: " + "; ".join(beyond))
     # a manifest older than these settings: the re-run takes vLLM's defaults for them
     unrecorded = built.unrecorded + ([] if inputs.logged else ["cache salts"])
     if unrecorded:

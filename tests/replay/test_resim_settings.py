@@ -114,3 +114,21 @@ def test_recorded_kv_cache_groups_are_built_as_recorded(threshold_trace, tmp_pat
         "FullAttentionManager", "SlidingWindowManager"]
     assert [len(g.layer_names) for g in run.scheduler.kv_cache_config.kv_cache_groups] == [1, 2]
     assert coordinator.single_type_managers[1].sliding_window == 32
+
+
+def test_what_a_re_run_cannot_reproduce_is_named_in_one_note(threshold_trace, tmp_path):
+    """The manifest records the engine's KV connector and runner type (none and generate on the
+    rig's engine: no note); a recording with a connector and a pooling runner is re-run with
+    one note naming both. The connector and runner are written into a copy of the manifest:
+    the CPU build here runs neither."""
+    (m,) = threshold_trace.glob("_engines/*/manifest.json")
+    engine = json.loads(m.read_text())["engine"]
+    assert engine["kv_connector"] is None and engine["runner_type"] == "generate"
+    _, summary, _ = _run(threshold_trace)
+    assert not [n for n in summary.notes if n.startswith("not reproduced")]
+    other = _copy_editing(threshold_trace, tmp_path / "nixl",
+                          lambda e: e.update(kv_connector="NixlConnector",
+                                             runner_type="pooling"))
+    _, summary, _ = _run(other)
+    (note,) = [n for n in summary.notes if n.startswith("not reproduced")]
+    assert "the KV connector's transfers (NixlConnector)" in note and "pooling outputs" in note
