@@ -11,6 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+import numpy as np
+
 from vllm_contract.replay.timeline.spans import COUNTERS, Engine, Finding, Request
 
 _SEQ_CLEARED, _SEQ_NEEDS = 1, 2  # TracePacket.SequenceFlags
@@ -70,6 +72,12 @@ class _Sequence:
                 a.double_value = v
             else:
                 a.string_value = str(v)
+
+
+def _drawn_on(s: Any, step: int) -> int:
+    """The index of the recorded step a finding at `step` is drawn on: its own, else the next
+    recorded one, else (past the last) the last."""
+    return min(int(np.searchsorted(s.step, step)), len(s) - 1)
 
 
 class Writer:
@@ -149,9 +157,11 @@ class Writer:
         track = base + 1
         counters = [base + 2 + j for j in range(len(COUNTERS))]
         values = [s.columns[c].astype(float) for _, _, c in COUNTERS]
-        by_step: dict[int | None, list[Finding]] = {}
+        # a finding at a step not recorded (dropped, pruned, past the last) is drawn on the
+        # next recorded step, else the last; one of the whole trace, on the first
+        on: dict[int, list[Finding]] = {}
         for f in e.findings:
-            by_step.setdefault(f.step, []).append(f)
+            on.setdefault(0 if f.step is None else _drawn_on(s, f.step), []).append(f)
         cols = s.columns
         for i in range(len(s)):
             step = int(s.step[i])
@@ -166,7 +176,8 @@ class Writer:
             ev.name = f"step {step}"  # one name a step: interning it would only add
             ev.extra_double_counter_values.extend(float(v[i]) for v in values)
             args = {"tokens": int(cols["tokens"][i]), "new": int(cols["num_new"][i]),
-                    "cached": int(cols["num_cached"][i]), "resumed": int(cols["resumed"][i])}
+                    "cached": int(cols["num_cached"][i]), "resumed": int(cols["resumed"][i]),
+                    "schedule_ns": int(cols["schedule_ns"][i])}
             if s.finished.get(step):
                 args["finished"] = " ".join(s.finished[step])
             if s.preempted.get(step):
@@ -174,8 +185,8 @@ class Writer:
             seq.args(p, ev, args)
             self._emit(p)
             self.counts["slices"] += 1
-            for f in by_step.pop(step, []) + (by_step.pop(None, []) if i == 0 else []):
-                self._instant(b, seq, track, int(s.start_ns[i]), f)
+            for f in on.pop(i, []):
+                self._instant(b, seq, track, int(s.start_ns[i]), f, step)
             p = seq.packet(b)
             p.timestamp = int(s.end_ns[i])
             p.track_event.type = pb.TrackEvent.TYPE_SLICE_END
@@ -184,7 +195,9 @@ class Writer:
                 yield i + 1
         yield len(s)
 
-    def _instant(self, b: Any, seq: _Sequence, track: int, ts: int, f: Finding) -> None:
+    def _instant(self, b: Any, seq: _Sequence, track: int, ts: int, f: Finding,
+                 drawn_on: int | None = None) -> None:
+        """`drawn_on`: the recorded step it is drawn on, said when it is not its own."""
         pb = _pb()
         p = seq.packet(b)
         p.timestamp = ts
@@ -195,6 +208,8 @@ class Writer:
         args = {"severity": f.severity, "title": f.title, "message": f.details}
         if f.step is not None:
             args["step"] = f.step
+            if drawn_on is not None and drawn_on != f.step:
+                args["drawn_on_step"] = drawn_on
         if f.req_id:
             args["req_id"] = f.req_id
         seq.args(p, ev, args)
@@ -215,10 +230,12 @@ class Writer:
         for r in e.requests:
             by_id.setdefault(r.req_id, []).append(r)
         on: dict[int, list[tuple[int, int, Finding]]] = {}  # lane -> (ts, n, finding)
+        drawn: dict[int, int] = {}  # n -> the recorded step it is drawn at
         for n, f in enumerate(e.findings):
             r = self._holder(by_id.get(f.req_id or "", []), f)
             if r is not None:
                 on.setdefault(r.lane, []).append((s.ts(f.step), n, f))
+                drawn[n] = int(s.step[_drawn_on(s, f.step)])
         for lane, requests in sorted(lanes.items()):
             seq = self._next_seq()
             track = base + _LANES_AT + lane
@@ -227,9 +244,9 @@ class Writer:
             # in time order; at one moment a request's own events first
             merged = heapq.merge(((ts, 0, i, ev) for i, (ts, ev) in enumerate(events)),
                                  ((ts, 1, n, f) for ts, n, f in stray))
-            for ts, kind, _, item in merged:
+            for ts, kind, n, item in merged:
                 if kind:
-                    self._instant(b, seq, track, ts, item)
+                    self._instant(b, seq, track, ts, item, drawn.get(n))
                 else:
                     self._slice_event(b, seq, track, ts, item)
 

@@ -120,26 +120,35 @@ def gantt(e: Engine) -> tuple[str, str]:
 
 
 def request_steps(e: Engine) -> tuple[list[int], list[int]]:
-    """Per request: steps from its arrival (its add where the trace has the input log, else
-    its introduction) to its first token (the step its prefill completed in), and to its last
-    step. A request whose prefill the range cut off has no first token here."""
+    """Per request that arrived within the range (docs/report.md): its time to first token,
+    steps from its arrival to its first token step, both counted, where that step is in the
+    range too; and its duration, steps from its arrival to its last scheduled step in the
+    range, both counted."""
     ttft, duration = [], []
     for r in e.requests:
-        arrival = r.first
-        done = next((last for phase, _, last in r.phases if phase == "prefill"), None)
-        if done is not None:
-            ttft.append(done - arrival + 1)
-        duration.append(r.last - arrival + 1)
+        if r.arrival is None or r.arrival < e.lo:
+            continue  # arrived before the range: what it waited there is not in it
+        if r.first_token is not None:
+            ttft.append(r.first_token - r.arrival + 1)
+        ran = [last for phase, _, last in r.phases if phase in ("prefill", "decode")]
+        if ran:
+            duration.append(max(ran) - r.arrival + 1)
     return ttft, duration
 
 
 def histogram(values: list[int], label: str) -> str:
+    from matplotlib.ticker import MaxNLocator
+
     fig, ax = _figure(2.0)
     if values:
         lo, hi = min(values), max(values)
         # a bar a step where they fit, else 50 bins
         bins = np.arange(lo, hi + 2) - 0.5 if hi - lo < 50 else 50
         ax.hist(values, bins=bins, color="#409eff")
+    # whole steps and whole requests: a tick at 2.5 would name a value none can have (one
+    # integer in view is enough, else matplotlib falls back to fractions)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
     ax.set_xlabel(label)
     ax.set_ylabel("requests")
     return _svg(fig)
@@ -209,12 +218,15 @@ def engine_html(e: Engine, why: dict[str, Any]) -> tuple[str, int]:
     charts.append(_figure_html("gantt", f"Requests ({len(e.requests):,} in {e.lanes:,} lanes, "
                                "the peak concurrency)", svg, how))
     ttft, duration = request_steps(e)
+    before = sum(1 for r in e.requests if r.arrival is None or r.arrival < e.lo)
+    cut = f"; {before:,} that arrived before the range left out" if before else ""
     charts.append(_figure_html("ttft", "Time to first token, in steps",
                                histogram(ttft, "steps from arrival to first token"),
-                               f"{len(ttft):,} requests"))
+                               f"{len(ttft):,} requests (those whose prompt was computed "
+                               f"to its end in the range){cut}"))
     charts.append(_figure_html("duration", "Request duration, in steps",
-                               histogram(duration, "steps from arrival to last step"),
-                               f"{len(duration):,} requests"))
+                               histogram(duration, "steps from arrival to last scheduled step"),
+                               f"{len(duration):,} requests{cut}"))
     body = (f"<h2>Engine {html.escape(e.name)}</h2><p>Steps {int(s.step[0]):,}–"
             f"{int(s.step[-1]):,} ({len(s):,} recorded), {len(e.requests):,} requests, "
             f"{len(e.findings):,} findings.</p><h3>Findings</h3>{_findings_html(e, why)}"

@@ -48,6 +48,13 @@ class Request:
     intro_step: int
     phases: list[tuple[str, int, int]] = field(default_factory=list)  # (phase, first, last)
     lane: int = -1
+    # the step it could first be scheduled in: the one after its add_request() where the trace
+    # has the input log, else its introduction (not cut to the range, unlike its phases)
+    arrival: int | None = None
+    # the step whose scheduled tokens reached the end of its prompt (computed + scheduled >=
+    # prompt length): that step's forward pass samples its first token; None when no step of
+    # the range did, or it arrived before the range
+    first_token: int | None = None
 
     @property
     def first(self) -> int:
@@ -75,6 +82,8 @@ class Engine:
     requests: list[Request]
     lanes: int  # the peak number of requests live at once
     findings: list[Finding]
+    lo: int = -(2 ** 62)  # the steps asked for (the recorded ones are in `steps`)
+    hi: int = 2 ** 62
 
 
 def pack(requests: list[Request]) -> int:
@@ -149,6 +158,16 @@ WHERE i.engine = $engine
 GROUP BY i.inst, i.req_id, i.intro_step
 """
 
+# a preempted request's recompute reaches its prompt's end again: the first time counts
+_FIRST_TOKEN_SQL = """
+SELECT i.inst, MIN(s.step) AS first_token
+FROM instances i JOIN scheduled s ON s.engine = i.engine AND s.req_id = i.req_id
+     AND s.step >= i.intro_step AND (i.next_intro_step IS NULL OR s.step < i.next_intro_step)
+WHERE i.engine = $engine AND s.kind IS NOT NULL AND s.step BETWEEN $lo AND $hi
+  AND s.num_computed_tokens + s.num_scheduled_tokens >= i.prompt_len
+GROUP BY i.inst
+"""
+
 
 def _ids_by_step(gw, table: str, engine: str, lo: int, hi: int) -> dict[int, list[str]]:
     t = gw.sql(f"SELECT step, list(req_id ORDER BY req_id) AS ids FROM {table} "
@@ -182,6 +201,8 @@ def requests_of(gw, engine: str, lo: int, hi: int) -> list[Request]:
     meta = {k: (rid, intro, added) for k, rid, intro, added in zip(
         inst["inst"].to_pylist(), inst["req_id"].to_pylist(), inst["intro_step"].to_pylist(),
         inst["added_step"].to_pylist())}
+    t = gw.sql(_FIRST_TOKEN_SQL, params=params)
+    first_token = dict(zip(t["inst"].to_pylist(), t["first_token"].to_pylist()))
     t = gw.sql(_SPANS_SQL, params=params)
     spans: dict[int, list[tuple[str, int, int]]] = {}
     for k, phase, first, last in zip(t["inst"].to_pylist(), t["phase"].to_pylist(),
@@ -201,7 +222,10 @@ def requests_of(gw, engine: str, lo: int, hi: int) -> list[Request]:
                 else:
                     phases.append((gap, phases[-1][2] + 1, first - 1))
             phases.append((phase, first, last))
-        out.append(Request(rid, intro, phases))
+        arrival = intro if added is None else added + 1
+        # before the range, its prompt's end may be too: a decode step in it is not that
+        ft = first_token.get(k) if arrival >= lo else None
+        out.append(Request(rid, intro, phases, arrival=arrival, first_token=ft))
     return out
 
 
@@ -241,5 +265,5 @@ def read(path, engine: str | None = None, first: int | None = None,
             mine = [Finding(f.invariant, f.severity, f.step, f.req_id, f.title, f.details)
                     for f in found if f.engine in (None, name)
                     and (f.step is None or lo <= f.step <= hi)]
-            engines.append(Engine(name, steps, requests, lanes, mine))
+            engines.append(Engine(name, steps, requests, lanes, mine, lo, hi))
         return engines

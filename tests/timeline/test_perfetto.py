@@ -142,10 +142,51 @@ def test_a_slice_a_step_with_its_counters(leak):
         assert values["waiting"] == row["num_waiting"]
         assert values["KV usage"] == pytest.approx(row["kv_usage"] * 100)
         assert values["schedule() time"] == pytest.approx(row["schedule_ns"] / 1000)
-        assert ev[4]["tokens"].int_value == row["total_num_scheduled_tokens"]
-        assert ev[4]["new"].int_value == row["num_new"]
     for u in counter_names:
         assert parsed.tracks[u].HasField("counter")
+
+
+def _step_args(sample: Path) -> list[dict]:
+    """Each step's arguments as the trace's tables give them: DuckDB over the reader's Arrow
+    tables, resumes counted by the `resumed` flag (the exporter counts kind 'resumed')."""
+    import duckdb
+
+    (e,) = open_trace(sample).engines
+    con = duckdb.connect()
+    for table in ("steps", "scheduled", "finished", "preempted"):
+        con.register(table, e.read(table))
+    rows = con.sql("""
+        SELECT s.step, s.total_num_scheduled_tokens AS tokens, s.num_new AS new,
+               s.num_cached AS cached, s.schedule_ns,
+               (SELECT COUNT(*) FROM scheduled r WHERE r.step = s.step AND r.resumed) AS resumed,
+               (SELECT string_agg(req_id, ' ' ORDER BY req_id) FROM finished f
+                WHERE f.step = s.step) AS finished,
+               (SELECT string_agg(req_id, ' ' ORDER BY req_id) FROM preempted p
+                WHERE p.step = s.step) AS preempted
+        FROM steps s ORDER BY s.step""")
+    out = [dict(zip(rows.columns, r)) for r in rows.fetchall()]
+    con.close()
+    return out
+
+
+def test_every_step_arg_is_the_tables(leak):
+    _, parsed = leak
+    expected = _step_args(SAMPLES / "broken-leak")
+    track = parsed.named("steps")
+    begins = [ev for ev in parsed.events[track] if ev[1] == _pb().TrackEvent.TYPE_SLICE_BEGIN]
+    assert [ev[2] for ev in begins] == [f"step {r['step']}" for r in expected]
+    for row, ev in zip(expected, begins):
+        args = ev[4]
+        ints = {k: args[k].int_value for k in ("tokens", "new", "cached", "resumed",
+                                               "schedule_ns")}
+        assert ints == {k: row[k] for k in ints}, row["step"]
+        ids = {k: args[k].string_value for k in ("finished", "preempted") if k in args}
+        assert ids == {k: row[k] for k in ("finished", "preempted") if row[k]}, row["step"]
+        assert set(args) == set(ints) | set(ids)
+    # the sample exercises every argument: ids, resumes and a schedule() that took time
+    for k in ("finished", "preempted"):
+        assert any(r[k] for r in expected), k
+    assert any(r["resumed"] for r in expected) and all(r["schedule_ns"] > 0 for r in expected)
 
 
 def test_requests_in_as_many_lanes_as_the_peak_concurrency(leak):
@@ -200,6 +241,40 @@ def test_every_finding_an_instant_on_its_step_and_request(leak):
     assert args["title"].string_value == leak_.title
     assert args["message"].string_value == leak_.details
     assert counts["findings"] == sum(on_steps.values())  # every severity, info too
+
+
+def test_a_finding_at_a_step_not_recorded_is_drawn_on_the_next(tmp_path):
+    """A dropped step (the recorder's dropped_steps) or one past the last recorded: its
+    findings are still drawn, on the next recorded step or the last, saying so."""
+    from dataclasses import replace
+
+    from vllm_contract.replay.timeline import spans
+    from vllm_contract.replay.timeline.perfetto import Writer
+
+    (e,) = spans.read(SAMPLES / "broken-leak")
+    s = e.steps
+    leak = next(f for f in e.findings if f.invariant == "finished.leaked")
+    cases = ((s.step != leak.step, leak.step + 1),  # its step dropped
+             (s.step < leak.step, leak.step - 1))  # the recording stops before it
+    for n, (keep, drawn_on) in enumerate(cases):
+        cut = spans.Steps(s.step[keep], s.start_ns[keep], s.end_ns[keep],
+                          {k: v[keep] for k, v in s.columns.items()}, s.finished, s.preempted)
+        out = tmp_path / f"{n}.pftrace"
+        Writer(out).write([replace(e, steps=cut)])
+        parsed = Parsed(_parse(out))
+        steps_track = parsed.named("steps")
+        on_steps = [ev for track, ev in parsed.instants() if track == steps_track]
+        assert Counter(ev[2] for ev in on_steps) == Counter(f.invariant for f in e.findings)
+        (drawn,) = [ev for ev in on_steps if ev[2] == "finished.leaked"]
+        assert drawn[4]["step"].int_value == leak.step
+        assert drawn[4]["drawn_on_step"].int_value == drawn_on
+        begun = {name: ts for name, ts, _ in parsed.slices(steps_track)}
+        assert drawn[0] == begun[f"step {drawn_on}"]
+        (lane,) = [ev for track, ev in parsed.instants()
+                   if track in parsed.lanes() and ev[2] == "finished.leaked"]
+        assert lane[4]["drawn_on_step"].int_value == drawn_on
+        # a finding on a recorded step does not say it was moved
+        assert all("drawn_on_step" not in ev[4] for ev in on_steps if ev is not drawn)
 
 
 def test_from_until_and_engines_of_a_fleet(tmp_path):

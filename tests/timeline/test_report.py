@@ -6,6 +6,7 @@ lanes as a raster."""
 
 from __future__ import annotations
 
+import html
 import json
 import re
 import shutil
@@ -17,8 +18,11 @@ import pytest
 from typer.testing import CliRunner
 
 from vllm_contract.cli import app
-from vllm_contract.replay.query import catalog
+from vllm_contract.replay.query import catalog, checker
+from vllm_contract.replay.query.gateway import Gateway
 from vllm_contract.replay.timeline import report as rp
+from vllm_contract.replay.timeline import spans
+from vllm_contract.trace import open_trace
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = ROOT / "samples"
@@ -41,6 +45,12 @@ def browser():
             yield b
         finally:
             b.close()
+
+
+def _findings(trace: Path) -> list:
+    """The catalog's findings on `trace`, every severity, as the report shows them."""
+    with Gateway(trace) as gw:
+        return checker.run(gw, catalog.load(None)).findings
 
 
 def _report(trace: Path, out: Path, *args: str) -> dict:
@@ -94,6 +104,8 @@ def test_the_page_draws_offline_with_every_chart(browser, tmp_path):
     flat = " ".join(text.split())
     assert "finished.leaked" in flat and " ".join(why.why.split()) in flat
     assert why.relies_on.split(";")[0].strip() in flat
+    for f in _findings(SAMPLES / "broken-leak"):
+        assert " ".join(f.title.split()) in flat, f.invariant
     assert "vm-15009-dp0" in flat and "steps 177" in flat  # info's summary
 
 
@@ -109,6 +121,106 @@ def test_a_long_trace_is_downsampled_and_keeps_its_peaks(browser, tmp_path):
     assert f"at most {rp.CAP:,} points a chart" in text
     assert "columns of" in text  # the lanes drawn as a raster: more spans than bars
     assert counts["bytes"] < 2_000_000
+
+
+def test_a_fleet_has_a_section_per_engine_with_its_charts_and_findings(tmp_path):
+    fleet = tmp_path / "fleet"
+    for name, sample in (("a", "mixed"), ("b", "broken-leak")):
+        (src,) = (SAMPLES / sample).glob("engine=*")
+        shutil.copytree(src, fleet / f"engine={name}")
+    counts = _report(fleet, tmp_path / "fleet.html")
+    assert counts["engines"] == 2 and counts["charts"] == 2 * len(CHARTS)
+    page = (tmp_path / "fleet.html").read_text()
+    heads = re.findall(r"<h2>Engine ([^<]*)</h2>", page)
+    assert heads == ["a", "b"]
+    sections = dict(zip(heads, page.split("<h2>Engine ")[1:]))
+    for name, sample in (("a", "mixed"), ("b", "broken-leak")):
+        section = sections[name]
+        charts = re.findall(r"<figure class='chart' data-chart='([^']*)'>(.*?)</figure>",
+                            section, re.S)
+        assert [c for c, _ in charts] == CHARTS, name
+        for chart, body in charts:
+            assert "<svg" in body and "<path" in body, (name, chart)
+            if chart in ("ttft", "duration"):  # whole steps, whole requests
+                ticks = re.findall(r'<g id="[xy]tick_\d+">.*?<text[^>]*>([^<]*)</text>', body,
+                                   re.S)
+                assert ticks and all(t.isdigit() for t in ticks), (name, chart, ticks)
+        found = _findings(SAMPLES / sample)
+        assert found
+        for f in found:
+            assert html.escape(f.title) in section and f">{f.invariant}<" in section, name
+    assert "finished.leaked" in sections["b"] and "finished.leaked" not in sections["a"]
+    assert "finished.phantom" in sections["a"] and "finished.phantom" not in sections["b"]
+
+
+def _expected_request_steps(sample: Path) -> dict[tuple[str, int], tuple[int, int | None, int]]:
+    """Per request instance (id, introduction): its arrival, first token step and last
+    scheduled step, from the trace's tables by DuckDB over the reader's Arrow tables. Arrival:
+    the step after its add_request() (input log), else its introduction; first token: the
+    first step whose scheduled tokens reach the end of its prompt."""
+    import duckdb
+
+    (e,) = open_trace(sample).engines
+    con = duckdb.connect()
+    for table in ("requests", "scheduled", "added"):
+        con.register(table, e.read(table))
+    rows = con.sql("""
+        WITH r AS (SELECT req_id, step AS intro, prompt_len,
+                          LEAD(step) OVER (PARTITION BY req_id ORDER BY step) AS next_intro
+                   FROM requests),
+        s AS (SELECT r.req_id, r.intro, x.step,
+                     x.num_computed_tokens + x.num_scheduled_tokens >= r.prompt_len AS reached
+              FROM r JOIN scheduled x ON x.req_id = r.req_id AND x.step >= r.intro
+                   AND (r.next_intro IS NULL OR x.step < r.next_intro)
+              WHERE x.kind IS NOT NULL)
+        SELECT s.req_id, s.intro,
+               COALESCE((SELECT MAX(a.step) + 1 FROM added a
+                         WHERE a.req_id = s.req_id AND a.step < s.intro), s.intro) AS arrival,
+               MIN(s.step) FILTER (WHERE s.reached) AS first_token, MAX(s.step) AS last
+        FROM s GROUP BY s.req_id, s.intro""").fetchall()
+    con.close()
+    return {(rid, intro): (arrival, first, last) for rid, intro, arrival, first, last in rows}
+
+
+def _first_sampled(sample: Path) -> dict[str, list[int]]:
+    """Per request id, the steps whose model output sampled a token for it, in order."""
+    (e,) = open_trace(sample).engines
+    out: dict[str, list[int]] = {}
+    for r in sorted(e.read("model_outputs", ["step", "req_id", "sampled_token_ids"]).to_pylist(),
+                    key=lambda r: r["step"]):
+        if r["sampled_token_ids"]:
+            out.setdefault(r["req_id"], []).append(r["step"])
+    return out
+
+
+def test_time_to_first_token_and_duration_in_steps():
+    """mixed: chunked prefills, a preemption and its recompute, an aborted request's id reused,
+    requests queued behind others."""
+    sample = SAMPLES / "mixed"
+    expected = _expected_request_steps(sample)
+    (e,) = spans.read(sample)
+    got = {(r.req_id, r.intro_step): (r.arrival, r.first_token) for r in e.requests}
+    assert got == {k: (a, f) for k, (a, f, _) in expected.items()}
+    # the first token step is the one whose model output first sampled a token for it
+    sampled = _first_sampled(sample)
+    for (rid, intro), (_, first, _) in expected.items():
+        if first is not None:
+            assert min(t for t in sampled[rid] if t >= intro) == first, rid
+    ttft, duration = rp.request_steps(e)
+    assert sorted(ttft) == sorted(f - a + 1 for a, f, _ in expected.values() if f is not None)
+    assert sorted(duration) == sorted(last - a + 1 for a, _, last in expected.values())
+    # several steps of prefill (chunked), and a wait behind others before it
+    assert max(f - a for a, f, _ in expected.values() if f is not None) >= 2
+    assert len(set(ttft)) > 2 and len(set(duration)) > 2
+
+    # a range that begins after some arrivals leaves those requests out of both
+    cut = 30
+    (e,) = spans.read(sample, first=cut)
+    ttft, duration = rp.request_steps(e)
+    inside = [v for v in expected.values() if v[0] >= cut]
+    assert 0 < len(inside) < len(expected)
+    assert sorted(ttft) == sorted(f - a + 1 for a, f, _ in inside if f is not None)
+    assert sorted(duration) == sorted(last - a + 1 for a, _, last in inside)
 
 
 def test_envelope_keeps_every_peak_within_the_cap():
