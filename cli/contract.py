@@ -25,8 +25,8 @@ Format = format_choice("Format", "contract")
 def contract(
     against: Annotated[Optional[str], typer.Option(
         "--against", metavar="seed|TRACE|FIELDS.json",
-        help="What to diff the installed vLLM against: the seed excerpt of vLLM's source, a "
-             "trace's recorded field sets, or a file `--dump` wrote.")] = None,
+        help="What to diff the installed vLLM against: the seed excerpt of vLLM's source (the "
+             "default), a trace's recorded field sets, or a file `--dump` wrote.")] = None,
     fmt: Annotated[Format, typer.Option("--format", "-f")] = Format("oneline"),
     dump: Annotated[bool, typer.Option("--dump", help="Print the installed field sets as JSON "
                                        "(a file for a later --against) and stop.")] = False,
@@ -41,8 +41,8 @@ def contract(
     quiet_vllm()
     from vllm_contract.replay import contract as c
 
-    if dump == (against is not None):
-        fail("give --against seed|TRACE|FIELDS.json, or --dump")
+    if dump and against is not None:
+        fail("--dump prints the installed field sets: give it without --against")
     try:
         now = c.installed()
     except ImportError as e:
@@ -51,7 +51,7 @@ def contract(
         typer.echo(json.dumps(now.as_dict(), indent=2))
         return
     try:
-        before = c.load(against, seeds.resolve())
+        before = c.load(against or "seed", seeds.resolve())
     except TraceError as e:
         fail(e)
     changes = c.diff(before, now)

@@ -28,7 +28,8 @@ CAPABILITIES = (
     ("real", "real-worker replay, 0 divergences"), ("resim", "resim decision-identical"),
     ("tui", "the TUI opens"), ("contract", "contract vs the seed"),
     ("others", "the other versions' traces: check + shadow"),
-    ("drift", "the other versions' traces: real worker and resim say how they differ"))
+    ("drift", "the other versions' traces: real worker, resim and contract say how they "
+              "differ"))
 
 
 def _one_line(e: BaseException) -> str:
@@ -136,15 +137,23 @@ def suite(out: Path, work: Path, others: list[Path], only: list[str] | None = No
 
         return asyncio.run(go())
 
-    def contract() -> str:
-        from vllm_contract.replay import contract as c
+    def contract_of(against: str) -> tuple[int, dict]:
+        cli = Path(sys.executable).with_name("vllm-contract")
+        r = subprocess.run([str(cli), "contract", "--against", against, "--format", "json"],
+                           capture_output=True, text=True, timeout=600)
+        if r.returncode == 2:
+            raise RuntimeError(r.stderr.strip().splitlines()[-1] if r.stderr.strip()
+                               else "exit 2")
+        return r.returncode, json.loads(r.stdout)
 
-        changes = c.diff(c.load("seed", ROOT / ".." / "shared" / "seeds"), c.installed())
-        breaking = [x for x in changes if x.breaks]
-        if breaking:
-            raise AssertionError(f"{len(breaking)} breaking change(s): "
-                                 + ", ".join(f"{x.cls}.{x.name} {x.kind}" for x in breaking))
-        return f"{len(changes)} change(s), none breaking"
+    def contract() -> str:
+        code, out = contract_of("seed")
+        breaking = [x for x in out["changes"] if x["breaks"]]
+        if code != 0 or breaking:
+            raise AssertionError(f"exit {code}, {len(breaking)} breaking change(s): "
+                                 + ", ".join(f"{x['cls']}.{x['name']} {x['kind']}"
+                                             for x in breaking))
+        return f"{len(out['changes'])} change(s), none breaking"
 
     def earlier() -> str:
         from vllm_contract.replay.worker.shadow import run_shadow
@@ -175,12 +184,19 @@ def suite(out: Path, work: Path, others: list[Path], only: list[str] | None = No
             run = replay.resim(t)
             list(run)
             noted = [n for n in run.summary.notes if "whose classes differ" in n]
+            # `contract --against` the trace says beforehand what the real worker then does
+            code, said_by_contract = contract_of(str(t))
+            rated = any("replay" in x["breaks"] for x in said_by_contract["changes"])
+            if rated != (r.returncode == 2):
+                raise AssertionError(f"{v}: contract exit {code} rates replay "
+                                     f"{'broken' if rated else 'fine'}; the real worker exits "
+                                     f"{r.returncode}")
             if r.returncode == 2 and "differs from the trace's" in r.stderr:
                 if not noted:
                     raise AssertionError(f"{v}: the real worker says the classes differ, "
                                          "resim does not")
                 said.append(f"{v}: differ ({r.stderr.split(': ', 2)[-1].split(';')[0]}), "
-                            "real refused, resim noted")
+                            "real refused, resim noted, contract rated replay broken")
             elif r.returncode == 0 and not noted:
                 said.append(f"{v}: same classes, 0 divergences")
             else:
@@ -316,11 +332,13 @@ def table(results: list[dict]) -> str:
               "- the other versions' traces: the in-process trace each other version recorded, "
               "`check` and the shadow worker under this one (an older version's trace under "
               "a newer vLLM and the other way);",
-              "- real worker and resim say how they differ: each of those traces replayed into "
-              "the real worker and re-run by resim: where the recording's classes differ from "
-              "the installed ones, the real worker refuses in one line naming the fields (a "
-              "real replay is not meaningful then) and resim notes them; where they do not, "
-              "both run."]
+              "- real worker, resim and contract say how they differ: each of those traces "
+              "replayed into the real worker and re-run by resim: where the recording's "
+              "classes differ from the installed ones, the real worker refuses in one line "
+              "naming the fields (a real replay is not meaningful then) and resim notes them "
+              "(its re-run is from the inputs, so it still counts); where they do not, both "
+              "run; `vllm-contract contract --against` the trace rates replay broken exactly "
+              "where the real worker refuses."]
     details = [f"- {r.get('vllm')}: " + "; ".join(
         f"{n} {c.get('detail') or c.get('reason')} ({c.get('seconds')} s)"
         for n, c in r.get("capabilities", {}).items()) for r in results if "capabilities" in r]

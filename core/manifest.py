@@ -145,6 +145,7 @@ KEYS: dict[str, Check] = {
     "started_by": _opt(_str), "ended_by": _opt(_str),
     "recording_started_at": _opt(_num),
     "fields": _opt(_obj(values=_list(_str))),
+    "field_types": _opt(_obj(values=_obj(values=_opt(_str)))),
     "contract_drift": _opt(_obj({"unknown_fields": _opt(_obj(values=_list(_str))),
                                  "missing_fields": _opt(_obj(values=_list(_str)))})),
     "compaction_warnings": _list(_str),

@@ -96,6 +96,7 @@ class Recorder:
             "vllm_version": _vllm_version(),
             "engine": engine_settings(scheduler),
             "fields": self.fields.all,
+            "field_types": _field_types(),
             "contract_drift": {
                 "unknown_fields": {k: v for k, v in self.fields.drift.items() if v},
                 "missing_fields": {k: v for k, v in self.fields.missing.items() if v},
@@ -420,3 +421,11 @@ def attach(scheduler: Any, trace_dir: str | os.PathLike, **writer_options: Any) 
     max_pending, max_pending_bytes, on_full, max_trace_bytes, redact_prompts, pickle_opaque,
     writer ("process" or "thread"; default: the process where the platform has one)."""
     return Recorder(scheduler, trace_dir, **writer_options)
+
+
+def _field_types() -> dict | None:
+    # for `contract --against TRACE` only: nothing it lacks may cost the engine its start
+    try:
+        return snapshot.field_types()
+    except Exception:
+        return None

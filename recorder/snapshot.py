@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import pickle
+import re
 import struct
 from array import array
 from itertools import chain, compress, repeat
@@ -23,6 +24,37 @@ from vllm_contract.recorder.columns import pack_ints
 
 def field_names(obj_or_cls: Any) -> list[str]:
     return [f.name for f in dataclasses.fields(obj_or_cls)]
+
+
+def field_types() -> dict[str, dict[str, str | None]]:
+    """The installed vLLM's contract classes, field -> its type as the source writes it (the
+    Request: its constructor's arguments, None where unannotated): what `vllm-contract
+    contract` diffs, read once at attach time into the manifest."""
+    import inspect
+
+    from vllm.v1.core.sched import output
+    from vllm.v1.outputs import ModelRunnerOutput
+    from vllm.v1.request import Request
+
+    classes = {}
+    for name, cls in (("SchedulerOutput", output.SchedulerOutput),
+                      ("NewRequestData", output.NewRequestData),
+                      ("CachedRequestData", output.CachedRequestData),
+                      ("ModelRunnerOutput", ModelRunnerOutput)):
+        classes[name] = {f.name: _type(f.type) for f in dataclasses.fields(cls)}
+    params = inspect.signature(Request.__init__).parameters
+    classes["Request"] = {n: (None if p.annotation is inspect.Parameter.empty
+                              else _type(p.annotation)) for n, p in params.items()
+                          if n != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
+    return classes
+
+
+def _type(t: Any) -> str:
+    """An annotation as its source writes it: `list[NewRequestData]`, `int | None`."""
+    if isinstance(t, str):
+        return t
+    text = t.__name__ if isinstance(t, type) else str(t)
+    return re.sub(r"\b(?:[A-Za-z_]\w*\.)+(\w+)", r"\1", text)  # without module paths
 
 
 class Fields:

@@ -9,7 +9,6 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from vllm_contract.errors import TraceError
 from vllm_contract.fields import OPAQUE, WITH_COLUMN
@@ -24,6 +23,9 @@ _FEEDS = {"SchedulerOutput": ["recording", "check", "replay", "resim"],
           "CachedRequestData": ["recording", "check", "replay", "resim"],
           "ModelRunnerOutput": ["recording", "check", "resim"],
           "Request": ["resim"]}
+# the classes the real worker rebuilds from a trace, refusing one whose field set differs
+REBUILT = ("SchedulerOutput", "NewRequestData", "CachedRequestData")
+_ORDER = ("recording", "check", "replay", "resim")
 # the Request arguments resim gives (replay/resim/feed.py): the others take their defaults
 RESIM_REQUEST = ("request_id", "prompt_token_ids", "sampling_params", "pooling_params",
                  "arrival_time", "lora_request", "cache_salt", "priority", "mm_features",
@@ -74,32 +76,11 @@ class Change:
 
 def installed() -> FieldSet:
     """The installed vLLM's field sets (Request: its constructor's arguments)."""
-    import inspect
-
     from vllm import __version__
-    from vllm.v1.core.sched import output
-    from vllm.v1.outputs import ModelRunnerOutput
-    from vllm.v1.request import Request
 
-    classes = {}
-    for name, cls in (("SchedulerOutput", output.SchedulerOutput),
-                      ("NewRequestData", output.NewRequestData),
-                      ("CachedRequestData", output.CachedRequestData),
-                      ("ModelRunnerOutput", ModelRunnerOutput)):
-        classes[name] = {f.name: _type(f.type) for f in dataclasses.fields(cls)}
-    params = inspect.signature(Request.__init__).parameters
-    classes["Request"] = {n: (None if p.annotation is inspect.Parameter.empty
-                              else _type(p.annotation)) for n, p in params.items()
-                          if n != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
-    return FieldSet(f"vLLM {__version__} (installed)", classes)
+    from vllm_contract.recorder.snapshot import field_types
 
-
-def _type(t: Any) -> str:
-    """An annotation as its source writes it: `list[NewRequestData]`, `int | None`."""
-    if isinstance(t, str):
-        return t
-    text = t.__name__ if isinstance(t, type) else str(t)
-    return re.sub(r"\b(?:[A-Za-z_]\w*\.)+(\w+)", r"\1", text)  # without module paths
+    return FieldSet(f"vLLM {__version__} (installed)", field_types())
 
 
 _SEED_LINE = re.compile(r"^(\d+)(.*)$")
@@ -136,13 +117,18 @@ def from_seed(path: Path) -> FieldSet:
 
 
 def from_trace(path: Path) -> FieldSet:
-    """The field sets a trace's manifest recorded (names, no types: `fields`)."""
+    """The field sets a trace's manifest recorded: with their types and the Request's
+    arguments where it has `field_types`, else the names of `fields` (an older recorder)."""
     from vllm_contract.trace import open_trace
 
     engines = open_trace(path).engines
     if not engines:
         raise TraceError(f"{path}: no engine in the trace")
     m = engines[0].manifest
+    typed = m.get("field_types")
+    if isinstance(typed, dict) and typed:
+        classes = {c: dict(v) for c, v in typed.items() if isinstance(v, dict)}
+        return FieldSet(f"trace {path} (vLLM {m.get('vllm_version')})", classes)
     recorded = m.get("fields")
     if not isinstance(recorded, dict) or not recorded:
         raise TraceError(f"{path}: the manifest records no field sets (an older recorder)")
@@ -159,7 +145,7 @@ def from_json(path: Path) -> FieldSet:
             raise ValueError("`classes` is not class -> {field: type}")
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise TraceError(f"{path}: not a field-set file ({e}); write one with "
-                         "`vllm-contract contract --format json`") from None
+                         "`vllm-contract contract --dump`") from None
     return FieldSet(d.get("source") or str(path), classes, d.get("partial") or {})
 
 
@@ -224,7 +210,18 @@ def diff(before: FieldSet, after: FieldSet) -> list[Change]:
                 out.append(Change(cls, n, "type changed", b[n], a[n], br,
                                   "its column and the rebuilt objects assume the old type" if br
                                   else "no column of ours"))
-    return out
+    return [_refused_by_real_worker(c) for c in out]
+
+
+def _refused_by_real_worker(c: Change) -> Change:
+    """A field set that differs in a class the real worker rebuilds (replay/worker/rebuild.py)
+    makes it refuse the trace: what fields a SchedulerOutput must have is the installed vLLM's
+    to say, and a guess would replay something vLLM never sent."""
+    if c.cls not in REBUILT or c.kind not in ("added", "removed", "renamed"):
+        return c
+    breaks = [x for x in _ORDER if x in c.breaks or x == "replay"]
+    return dataclasses.replace(c, breaks=breaks, why=f"{c.why}; the real worker refuses a trace "
+                               "whose field set differs (the shadow worker replays it)")
 
 
 def _norm(t: str) -> str:

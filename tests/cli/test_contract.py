@@ -67,6 +67,65 @@ def test_against_the_seed_excerpt_nothing_breaks_and_what_it_lacks_is_said(dump)
     assert beyond == set(later[later.index("free_encoder_mm_hashes") + 1:])
 
 
+def test_without_against_it_is_the_seed():
+    assert _run().stdout == _run("--against", "seed").stdout
+
+
+@pytest.fixture(scope="module")
+def recorded(tiny_model, tmp_path_factory):
+    from vllm_contract.rig import scenarios
+
+    path = tmp_path_factory.mktemp("contract") / "t"
+    scenarios.run("aborts", tiny_model, path)
+    return path
+
+
+def _edit_manifest(src: Path, dst: Path, edit) -> str:
+    import shutil
+
+    shutil.copytree(src, dst)
+    (m,) = dst.glob("_engines/*/manifest.json")
+    manifest = json.loads(m.read_text())
+    edit(manifest)
+    m.write_text(json.dumps(manifest))
+    return str(dst)
+
+
+def test_a_new_trace_records_every_class_with_types_so_its_request_is_compared(
+        recorded, dump, tmp_path):
+    r = _run("--against", str(recorded), "--format", "json")
+    assert r.exit_code == 0 and json.loads(r.stdout)["changes"] == [], r.output
+    (m,) = recorded.glob("_engines/*/manifest.json")
+    assert json.loads(m.read_text())["field_types"] == dump["classes"]
+
+    def edit(m):  # a version whose Request took no cache_salt: an argument resim gives
+        del m["field_types"]["Request"]["cache_salt"]
+        m["field_types"]["SchedulerOutput"]["finished_req_ids"] = "list[str]"
+
+    r = _run("--against", _edit_manifest(recorded, tmp_path / "older", edit), "-f", "json")
+    assert r.exit_code == 1, r.output
+    changes = {(c["cls"], c["name"]): c for c in json.loads(r.stdout)["changes"]}
+    assert changes[("Request", "cache_salt")]["kind"] == "added"
+    assert changes[("SchedulerOutput", "finished_req_ids")]["kind"] == "type changed"
+
+
+def test_a_field_set_the_real_worker_refuses_is_rated_as_breaking_replay(recorded, tmp_path):
+    """The same edit, a NewRequestData field the installed vLLM lacks (as another version's
+    trace would have it), rated by `contract` and refused by the real worker."""
+    def edit(m):
+        m["fields"]["NewRequestData"].append("a_future_field")
+        m["field_types"]["NewRequestData"]["a_future_field"] = "int"
+
+    other = _edit_manifest(recorded, tmp_path / "other", edit)
+    r = _run("--against", other, "--format", "json")
+    assert r.exit_code == 1, r.output
+    (change,) = json.loads(r.stdout)["changes"]
+    assert change["kind"] == "removed" and change["breaks"] == ["replay"]
+    r = CliRunner().invoke(app, ["replay", other, "--worker", "vllm"])
+    assert r.exit_code == 2, r.output
+    assert "NewRequestData lacks a_future_field" in r.stderr and "Traceback" not in r.output
+
+
 def test_against_a_trace_it_recorded_there_is_no_change():
     r = _run("--against", str(ROOT / "samples" / "mixed"))
     assert r.exit_code == 0, r.output
@@ -113,21 +172,26 @@ def test_a_change_is_classified_and_rated_by_what_it_breaks(dump, tmp_path):
     assert set(typed["breaks"]) == {"recording", "replay", "resim"}
     renamed = changes[("CachedRequestData", "resumed_from_preemption")]
     assert renamed["kind"] == "renamed" and renamed["after"] == "resumed_req_ids"
-    assert renamed["breaks"] == []  # the recorder knows the new name
+    # the recorder knows the new name, and keeps what it has no column for: only the real
+    # worker, which refuses a trace whose field set differs from the installed classes', breaks
+    assert renamed["breaks"] == ["replay"] and "the real worker refuses" in renamed["why"]
     opaque = changes[("SchedulerOutput", "kv_connector_metadata")]
-    assert opaque["kind"] == "added" and opaque["breaks"] == [] and "opaque" in opaque["why"]
+    assert opaque["kind"] == "added" and opaque["breaks"] == ["replay"]
+    assert "opaque" in opaque["why"]
     gone = changes[("NewRequestData", "old_field")]
-    assert gone["kind"] == "removed" and gone["breaks"] == []
+    assert gone["kind"] == "removed" and gone["breaks"] == ["replay"]
     added = [c for (cls, _), c in changes.items() if cls == "ModelRunnerOutput"]
-    assert added and all(c["kind"] == "added" for c in added)
+    assert added and all(c["kind"] == "added" and c["breaks"] == [] for c in added)
     # the same as GitHub annotations: an error for what breaks, a notice for the rest
     r = _run("--against", path, "--format", "github")
     lines = r.stdout.splitlines()
     assert r.exit_code == 1
     assert any(x.startswith("::error title=vLLM contract::SchedulerOutput.finished_req_ids")
                for x in lines)
-    assert any(x.startswith("::notice title=vLLM contract::CachedRequestData."
-                            "resumed_from_preemption renamed to resumed_req_ids") for x in lines)
+    assert any(x.startswith("::error title=vLLM contract::CachedRequestData."
+                            "resumed_from_preemption renamed to resumed_req_ids; breaks replay")
+               for x in lines)
+    assert any(x.startswith("::notice title=vLLM contract::ModelRunnerOutput.") for x in lines)
     r = _run("--against", path, "--format", "markdown")
     assert "| SchedulerOutput | `finished_req_ids` | type `list[str]` → `set[str]` |" in r.stdout
 
@@ -155,7 +219,7 @@ def test_bad_input_is_one_line(tmp_path):
     (tmp_path / "bad.json").write_text("{not json")
     for args, said in ((("--against", str(tmp_path / "nope")), "no such trace directory or file"),
                        (("--against", str(tmp_path / "bad.json")), "not a field-set file"),
-                       ((), "give --against"),
+                       (("--dump", "--against", "seed"), "give it without --against"),
                        ):
         r = _run(*args)
         assert r.exit_code == 2 and len(r.stderr.strip().splitlines()) == 1, r.output
