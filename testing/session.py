@@ -2,10 +2,13 @@
 instance made while a test runs is recorded (a trace per scheduler under the test's folder);
 at the end of the test's call each trace is sealed and checked with the catalog (and the shadow
 worker if asked), what a test's own driving produces is told apart (usage.py), the baseline
-applied, and the test failed on what is left."""
+applied, and the test failed on what is left. What its teardown does with schedulers (made
+there, or driven there after the call's check) is checked after the teardown, and fails it as
+a teardown error."""
 
 from __future__ import annotations
 
+import functools
 import re
 import shutil
 from collections import Counter
@@ -17,17 +20,25 @@ import pytest
 
 from vllm_contract.findings import RANK
 
+STARTED_BY = "vllm-contract pytest plugin"
+
 
 @dataclass
 class Checked:
-    """One test's schedulers, checked."""
+    """One test's schedulers (or those of one of its phases), checked."""
     traces: list[Path] = field(default_factory=list)
     steps: int = 0
     failing: list[Any] = field(default_factory=list)  # findings that fail the test
     reported: list[Any] = field(default_factory=list)  # below the fail-on severity
     absorbed: list[Any] = field(default_factory=list)  # in the baseline
+    excused: list[Any] = field(default_factory=list)  # taken for the test's own driving
     notes: list[str] = field(default_factory=list)  # the test's own driving, not a contract
     errors: list[str] = field(default_factory=list)  # a trace that could not be checked
+
+    def add(self, other: "Checked") -> None:
+        for name in ("traces", "failing", "reported", "absorbed", "excused", "notes", "errors"):
+            getattr(self, name).extend(getattr(other, name))
+        self.steps += other.steps
 
 
 def test_folder(nodeid: str) -> Path:
@@ -36,6 +47,62 @@ def test_folder(nodeid: str) -> Path:
     file, _, name = nodeid.partition("::")
     safe = re.sub(r"[^A-Za-z0-9_.\-\[\]=,+]", "_", name.replace("::", ".")) or "_"
     return Path(*[p for p in Path(file).parts if p not in ("..", "/")]) / safe[:150]
+
+
+def _record(scheduler: Any, path: Path, started_by: str) -> Any:
+    from vllm_contract.recorder import attach
+
+    if path.exists():  # the previous run's: a trace is never appended to
+        shutil.rmtree(path, ignore_errors=True)
+    # a test waits for the disk rather than lose a step (an engine's recorder drops steps when
+    # the writer falls behind; a check of a trace with holes says little)
+    return attach(scheduler, path, writer="thread", on_full="block", started_by=started_by)
+
+
+class _Watch:
+    """A scheduler whose trace was checked at the end of the call: a fixture's teardown may
+    still drive it. Its first schedule() from then on starts a second trace, attached
+    mid-stream (the recorder's manifest says so, and the catalog allows for it), checked after
+    the teardown. Nothing is recorded for a scheduler the teardown leaves alone."""
+
+    def __init__(self, scheduler: Any, path: Path, error: Any) -> None:
+        self.scheduler, self.path, self.rec = scheduler, path, None
+        self._armed = True
+        self._had = "schedule" in scheduler.__dict__
+        self._prev = scheduler.__dict__.get("schedule")
+        inner = scheduler.schedule  # a test's own instance-level wrapper stays in the chain
+        if path.exists():  # the previous run's: this run may leave none in its place
+            shutil.rmtree(path, ignore_errors=True)
+
+        def schedule(*args: Any, **kwargs: Any) -> Any:
+            if self._armed:
+                self._armed = False
+                try:
+                    self.rec = _record(scheduler, path, f"{STARTED_BY} (teardown)")
+                except Exception as e:  # the test never pays for the recorder
+                    error(f"{path.name}: not recorded: {type(e).__name__}: {e}")
+                else:  # through the recorder's wrapper, which calls back here
+                    return scheduler.schedule(*args, **kwargs)
+            return inner(*args, **kwargs)
+
+        self._sentinel = schedule
+        scheduler.schedule = schedule
+
+    def stop(self) -> Any:
+        """Take the watch off; the second trace's recorder (sealed here) if there is one."""
+        self._armed = False
+        if self.rec is not None:
+            try:
+                self.rec.close()  # puts the sentinel back: the recorder found it there
+            except Exception:
+                pass
+        s, self.scheduler = self.scheduler, None
+        if s is not None and s.__dict__.get("schedule") is self._sentinel:
+            if self._had:
+                s.schedule = self._prev
+            else:
+                del s.__dict__["schedule"]
+        return self.rec
 
 
 class ContractSession:
@@ -55,9 +122,14 @@ class ContractSession:
         self.baseline = baseline.Baseline.load(self.baseline_path) if (
             self.baseline_path is not None and not self.update) else baseline.Baseline()
         self.current: Any = None  # the test item running
-        self.recorders: dict[str, list] = {}
-        self.checked: dict[str, Checked] = {}
+        self.made: Counter = Counter()  # test -> schedulers made: their trace's number
+        self.recorders: dict[str, list] = {}  # test -> [(recorder, path)] recording
+        self.watches: dict[str, list[_Watch]] = {}  # test -> schedulers checked, still watched
+        self.unrecorded: dict[str, list[str]] = {}  # test -> recorders that failed to start
+        self.called: set[str] = set()  # tests whose setup passed and whose call ran
+        self.checked: dict[str, Checked] = {}  # test -> all its phases, checked
         self.found: Counter = Counter()  # invariant -> findings reported, every test
+        self.excused: Counter = Counter()  # invariant -> findings taken for tests' driving
         self._undo = _patch_schedulers(self._created)
 
     # -- recording ----------------------------------------------------------------------------
@@ -66,20 +138,16 @@ class ContractSession:
         item = self.current
         if item is None:
             return
-        from vllm_contract.recorder import attach
-
-        mine = self.recorders.setdefault(item.nodeid, [])
-        path = self.dir / test_folder(item.nodeid) / f"scheduler-{len(mine)}"
-        if path.exists():  # the previous run's: a trace is never appended to
-            shutil.rmtree(path, ignore_errors=True)
+        n = self.made[item.nodeid]
+        self.made[item.nodeid] += 1
+        path = self.dir / test_folder(item.nodeid) / f"scheduler-{n}"
         try:
-            # a test waits for the disk rather than lose a step (an engine's recorder drops
-            # steps when the writer falls behind; a check of a trace with holes says little)
-            mine.append((attach(scheduler, path, writer="thread", on_full="block",
-                                started_by="vllm-contract pytest plugin"), path))
+            rec = _record(scheduler, path, STARTED_BY)
         except Exception as e:  # the test never pays for the recorder
-            self.checked.setdefault(item.nodeid, Checked()).errors.append(
+            self.unrecorded.setdefault(item.nodeid, []).append(
                 f"not recorded: {type(e).__name__}: {e}")
+            return
+        self.recorders.setdefault(item.nodeid, []).append((rec, path))
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_runtest_protocol(self, item: pytest.Item, nextitem: Any):
@@ -88,21 +156,50 @@ class ContractSession:
             return (yield)
         finally:
             self.current = None
-            self._seal(item.nodeid)  # a test that failed in setup: its schedulers still closed
+            for w in self.watches.pop(item.nodeid, []):  # a teardown that never ran
+                w.stop()
+            self._seal(item.nodeid)
+            self.made.pop(item.nodeid, None)
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_call(self, item: pytest.Item):
+        self.called.add(item.nodeid)
         try:
             result = yield
         except BaseException:
-            self._check(item)  # the test's own failure stands; the findings go beside it
-            raise
-        c = self._check(item)
+            self._check(item, "call", self._seal(item.nodeid, watch=True))
+            raise  # the test's own failure stands; the findings go beside it
+        c = self._check(item, "call", self._seal(item.nodeid, watch=True))
         if c is not None and c.failing:
-            pytest.fail(_failure(c), pytrace=False)
+            pytest.fail(_failure(c, "call"), pytrace=False)
         return result
 
-    def _seal(self, nodeid: str) -> list[Path]:
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_teardown(self, item: pytest.Item, nextitem: Any):
+        try:
+            result = yield
+        except BaseException:
+            self._after_teardown(item)
+            raise
+        c = self._after_teardown(item)
+        # a test whose setup failed has its error already; its schedulers' findings go beside it
+        if c is not None and c.failing and item.nodeid in self.called:
+            pytest.fail(_failure(c, "teardown"), pytrace=False)
+        return result
+
+    def _after_teardown(self, item: pytest.Item) -> Checked | None:
+        """What is left: schedulers made in setup of a test whose call never ran, made in
+        teardown, or driven in teardown after the call's check (their second trace)."""
+        paths = []
+        for w in self.watches.pop(item.nodeid, []):
+            if w.stop() is not None:
+                paths.append(w.path)
+        return self._check(item, "teardown", paths + self._seal(item.nodeid))
+
+    def _seal(self, nodeid: str, watch: bool = False) -> list[Path]:
+        def error(line: str) -> None:
+            self.unrecorded.setdefault(nodeid, []).append(line)
+
         paths = []
         for rec, path in self.recorders.pop(nodeid, []):
             try:
@@ -110,25 +207,33 @@ class ContractSession:
             except Exception:
                 pass
             paths.append(path)
+            if watch:
+                try:
+                    self.watches.setdefault(nodeid, []).append(_Watch(
+                        rec.scheduler, path.with_name(path.name + "-teardown"), error))
+                except Exception as e:
+                    error(f"{path.name}: not watched through teardown: {type(e).__name__}: {e}")
         return paths
 
     # -- checking -----------------------------------------------------------------------------
-    def _check(self, item: pytest.Item) -> Checked | None:
+    def _check(self, item: pytest.Item, when: str, paths: list[Path]) -> Checked | None:
         from vllm_contract.testing import usage
 
-        paths = self._seal(item.nodeid)
-        c = self.checked.setdefault(item.nodeid, Checked())
+        c = Checked(errors=self.unrecorded.pop(item.nodeid, []))
         if not paths and not c.errors:
             return None
         for path in paths:
             try:
-                steps, found, notes = usage.check(path, self.worker == "shadow")
+                steps, found, excused, notes = usage.check(path, self.worker == "shadow")
             except Exception as e:
                 c.errors.append(f"{path}: not checked: {type(e).__name__}: {e}")
                 continue
             c.traces.append(path)
             c.steps += steps
             c.notes += notes
+            c.excused += excused
+            for f in excused:
+                self.excused[f.invariant] += 1
             for f in found:
                 self.found[f.invariant] += 1
                 if self.update:
@@ -140,11 +245,12 @@ class ContractSession:
                     c.failing.append(f)
                 else:
                     c.reported.append(f)
-        self._report(item, c)
+        self.checked.setdefault(item.nodeid, Checked()).add(c)
+        self._report(item, c, when)
         return c
 
-    def _report(self, item: pytest.Item, c: Checked) -> None:
-        item.add_report_section("call", "vllm-contract", _section(c))
+    def _report(self, item: pytest.Item, c: Checked, when: str) -> None:
+        item.add_report_section(when, "vllm-contract", _section(c))
         props = item.user_properties
         props.append(("vllm_contract_traces", " ".join(str(p) for p in c.traces)))
         props.append(("vllm_contract_steps", c.steps))
@@ -161,6 +267,8 @@ class ContractSession:
         by = ", ".join(f"{inv} {n}" for inv, n in sorted(self.found.items())) or "none"
         tr.write_line(f"{len(checked)} test(s) checked, {schedulers} scheduler(s), {steps:,} "
                       f"step(s); findings: {by}")
+        by = ", ".join(f"{inv} {n}" for inv, n in sorted(self.excused.items())) or "none"
+        tr.write_line(f"findings taken for the tests' own driving (notes): {by}")
         failed = sum(1 for c in checked if c.failing)
         absorbed = sum(len(c.absorbed) for c in checked)
         if failed or absorbed:
@@ -191,24 +299,68 @@ class ContractSession:
 
 
 def _patch_schedulers(created: Any) -> Any:
-    """vLLM's Scheduler.__init__ (the class object: tests that imported it by name and its
-    subclasses are covered) calls `created(instance)` when it has run; returns the undo."""
-    from vllm.v1.core.sched import scheduler as module
+    """vLLM's Scheduler calls `created(instance)` once its outermost __init__ has run: the
+    class object is patched (tests that imported it by name are covered), and so is the
+    __init__ of every subclass, those defined later too (a subclass's own __init__ runs on
+    after Scheduler's, and a recording that started inside it would miss what it sets up).
+    Returns the undo."""
+    try:
+        from vllm.v1.core.sched import scheduler as module
+    except Exception as e:
+        why = (str(e).splitlines() or [""])[0]
+        raise pytest.UsageError(
+            f"--vllm-contract needs vLLM (pip install vllm): cannot import "
+            f"vllm.v1.core.sched.scheduler ({type(e).__name__}: {why})") from None
+    base = module.Scheduler
+    building: set[int] = set()  # instances inside their outermost __init__
+    undo: list = []
 
-    cls = module.Scheduler
-    original = cls.__init__
+    def wrap(cls: type) -> None:
+        original = cls.__dict__.get("__init__")
+        if original is None or hasattr(original, "__vllm_contract__"):
+            return
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        original(self, *args, **kwargs)
-        created(self)
+        @functools.wraps(original)
+        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+            outer = id(self) not in building
+            building.add(id(self))
+            try:
+                original(self, *args, **kwargs)
+            finally:
+                if outer:
+                    building.discard(id(self))
+            if outer:
+                created(self)
 
-    __init__.__wrapped__ = original  # type: ignore[attr-defined]
-    cls.__init__ = __init__
+        __init__.__vllm_contract__ = True  # type: ignore[attr-defined]
+        cls.__init__ = __init__  # type: ignore[misc]
+        undo.append(lambda: setattr(cls, "__init__", original))
 
-    def undo() -> None:
-        cls.__init__ = original
+    def subclasses(cls: type) -> list[type]:
+        return [s for sub in cls.__subclasses__() for s in [sub, *subclasses(sub)]]
 
-    return undo
+    for cls in [base, *subclasses(base)]:
+        wrap(cls)
+    prior = base.__dict__.get("__init_subclass__")
+
+    def __init_subclass__(cls: type, **kwargs: Any) -> None:
+        if prior is not None:
+            prior.__func__(cls, **kwargs)
+        else:
+            super(base, cls).__init_subclass__(**kwargs)
+        wrap(cls)
+
+    base.__init_subclass__ = classmethod(__init_subclass__)  # type: ignore[assignment]
+
+    def undo_all() -> None:
+        if prior is not None:
+            base.__init_subclass__ = prior
+        else:
+            del base.__init_subclass__
+        for step in reversed(undo):
+            step()
+
+    return undo_all
 
 
 def _one(f: Any) -> str:
@@ -229,7 +381,8 @@ def _section(c: Checked) -> str:
     return "\n".join(lines)
 
 
-def _failure(c: Checked) -> str:
-    head = f"vllm-contract: {len(c.failing)} contract finding(s) in this test's scheduler steps"
+def _failure(c: Checked, when: str) -> str:
+    head = (f"vllm-contract: {len(c.failing)} contract finding(s) in this test's scheduler steps"
+            + ("" if when == "call" else " checked after its teardown"))
     return "\n".join([head] + [f"  {_one(f)}" for f in c.failing]
                      + [f"  traces: {' '.join(str(p) for p in c.traces)}"])

@@ -48,8 +48,9 @@ def irregular(engine: Any) -> tuple[dict[int, str], list[str]]:
     return out, notes
 
 
-def check(path: Path, shadow: bool) -> tuple[int, list[Any], list[str]]:
-    """(steps, findings at warning or above that stand, notes) of the trace at `path`."""
+def check(path: Path, shadow: bool) -> tuple[int, list[Any], list[Any], list[str]]:
+    """(steps, findings at warning or above that stand, findings taken for the test's
+    driving, notes) of the trace at `path`."""
     from vllm_contract.replay.resim.record import catalog_findings
     from vllm_contract.trace import open_trace
 
@@ -63,7 +64,7 @@ def check(path: Path, shadow: bool) -> tuple[int, list[Any], list[str]]:
 
         found += [f for f in run_shadow(t) if RANK[f.severity] >= RANK["warning"]]
     odd, notes = irregular(engine)
-    stand = []
+    stand, excused = [], []
     for f in found:
         why = None
         if _driven(f.invariant) and f.step is not None:
@@ -71,7 +72,8 @@ def check(path: Path, shadow: bool) -> tuple[int, list[Any], list[str]]:
         if why is None:
             stand.append(f)
         else:
+            excused.append(f)
             notes.append(f"{f.invariant} at step {f.step}"
                          + (f" ({f.req_id})" if f.req_id else "")
                          + f" taken for the test's driving ({why}), not counted")
-    return steps, stand, notes
+    return steps, stand, excused, notes
