@@ -17,6 +17,7 @@ CLASSES = ("SchedulerOutput", "NewRequestData", "CachedRequestData", "ModelRunne
            "Request")
 # renames vLLM made, (class, old name) -> new name
 RENAMES = {("CachedRequestData", "resumed_from_preemption"): "resumed_req_ids"}
+_RENAMED_FROM = {(cls, new): old for (cls, old), new in RENAMES.items()}
 # what a field with a column feeds here, by its class
 _FEEDS = {"SchedulerOutput": ["recording", "check", "replay", "resim"],
           "NewRequestData": ["recording", "check", "replay", "resim"],
@@ -179,7 +180,8 @@ def diff(before: FieldSet, after: FieldSet) -> list[Change]:
         gone = [n for n in b if n not in a]
         new = [n for n in a if n not in b]
         for old in list(gone):
-            to = RENAMES.get((cls, old))
+            # a rename either way: an older vLLM against a newer one's field set too
+            to = RENAMES.get((cls, old)) or _RENAMED_FROM.get((cls, old))
             if to in new:
                 gone.remove(old)
                 new.remove(to)
@@ -187,7 +189,7 @@ def diff(before: FieldSet, after: FieldSet) -> list[Change]:
                 out.append(Change(cls, old, "renamed", old, to,
                                   [] if handled else _breaks(cls, old),
                                   "the recorder knows the new name" if handled else
-                                  "the recorder reads the old name"))
+                                  f"the recorder reads {old}, not {to}"))
         for n in gone:
             br = _breaks(cls, n)
             out.append(Change(cls, n, "removed", b[n], None, br,

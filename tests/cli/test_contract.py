@@ -196,6 +196,23 @@ def test_a_change_is_classified_and_rated_by_what_it_breaks(dump, tmp_path):
     assert "| SchedulerOutput | `finished_req_ids` | type `list[str]` → `set[str]` |" in r.stdout
 
 
+def test_a_rename_is_known_either_way(dump, tmp_path):
+    """A newer vLLM's field set against an older installed one: the installed class is edited
+    to stand for the older vLLM (the field under its old name), the file is the real dump."""
+    from vllm_contract.replay import contract
+
+    newer = contract.from_json(Path(_edited(tmp_path, dump, lambda c: None)))
+    older = contract.from_json(Path(_edited(tmp_path, dump, lambda c: c["CachedRequestData"]
+                                            .update(resumed_from_preemption=c[
+                                                "CachedRequestData"].pop("resumed_req_ids")))))
+    (change,) = contract.diff(newer, older)
+    assert (change.kind, change.name, change.after) == (
+        "renamed", "resumed_req_ids", "resumed_from_preemption")
+    # the recorder reads resumed_req_ids only: under the older vLLM its column stays empty
+    assert change.breaks == ["recording", "check", "replay", "resim"]
+    assert "the recorder reads resumed_req_ids, not resumed_from_preemption" in change.why
+
+
 def test_a_removed_field_with_a_column_breaks_what_reads_it(dump, tmp_path):
     def edit(c):  # the other version had a field of ours the installed one lacks
         c["SchedulerOutput"]["pretend_column"] = "int"
