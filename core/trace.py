@@ -315,6 +315,12 @@ def _open_stream(path: Path, data: bytes, warnings: list[str], unknown: bool):
         if unknown:
             warnings.append(f"{path}: empty segment (the writer died before its first write)")
         return None
+    if data == _STREAM_MARKER + bytes(4):
+        # the end-of-stream marker alone: closed after its schema failed to go out (a full
+        # disk), so no row was ever in it
+        if unknown:
+            warnings.append(f"{path}: closed before its schema was written (no data lost)")
+        return None
     try:
         return ipc.open_stream(pa.py_buffer(data))
     except _BAD_INPUT as e:

@@ -124,6 +124,12 @@ def test_torn_inside_the_schema_is_a_warning_and_a_damaged_schema_an_error(tmp_p
     p.write_bytes(data[:8] + b"\x00" * (end - 8) + data[end:])
     with pytest.raises(TraceError, match="not an Arrow stream segment"):
         read_segment(p, [])
+    # the end-of-stream marker alone, as a writer whose schema write hit a full disk leaves
+    # it when closed (tests/recorder/test_full_disk.py makes one at some fill points)
+    p.write_bytes(b"\xff\xff\xff\xff\x00\x00\x00\x00")
+    warnings = []
+    assert read_segment(p, warnings) is None
+    assert len(warnings) == 1 and "closed before its schema was written" in warnings[0]
 
 
 def test_wrong_table_read_by_columns_through_the_api(tmp_path):
