@@ -7,7 +7,7 @@ STAMP := $(VENV)/.vllm-contract-installed
 # The tiny local model is built once into the checkout's .cache/.
 export VLLM_CONTRACT_CACHE ?= $(CURDIR)/.cache
 
-.PHONY: setup browser test demo bench fuzz spark compat samples docs clean
+.PHONY: setup browser test demo bench fuzz spark compat samples docs clean reduce-all
 
 setup: $(STAMP)
 
@@ -52,6 +52,12 @@ spark: $(STAMP)
 # suite in each, the table in docs/compat.md (docs/compat.md says what each column runs)
 compat: $(STAMP)
 	$(PY) compat/run.py window
+
+# every scheduler-side break of rig/breaks.py beyond the default suite's three, recorded, reduced
+# and its pytest file run with the break and without (docs/reduce.md); long/ is outside the
+# testpaths of `make test` for its length
+reduce-all: $(STAMP)
+	$(PY) -m pytest -q -rP long/test_reduce_breaks.py
 
 samples: $(STAMP)
 	$(PY) samples/regenerate.py

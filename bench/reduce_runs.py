@@ -1,11 +1,12 @@
 """How far and how fast does `reduce` cut a recording of a scheduler bug?
 
-Per named break of rig/breaks.py (BREAKS), as a vLLM Scheduler subclass (rig/bugged.py):
-record 60 requests of staggered lengths on a batch of 4 until all have finished (over a
-thousand steps), then reduce it to the finding of the break's invariant, with --jobs 1 and then 2. Prints requests and steps before -> after,
-re-simulations and wall time of each.
+Per named break of rig/breaks.py (BREAKS; with --all every break of rig/bugged.py COVERED), as
+a vLLM Scheduler subclass (rig/bugged.py): record 60 requests of staggered lengths on a batch of
+4 until all have finished (over a thousand steps; the break's workload: few KV blocks, batches
+in flight), then reduce it to the finding of the break's invariant, with --jobs 1 and then 2.
+Prints requests and steps before -> after, re-simulations and wall time of each.
 
-Usage: python bench/reduce_runs.py [--requests 60]
+Usage: python bench/reduce_runs.py [--requests 60] [--all] [--jobs 1 2]
 """
 
 from __future__ import annotations
@@ -21,10 +22,10 @@ from pathlib import Path
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # the table on stdout, not vLLM's log
 
 
-def record(cls, path: Path, requests: int) -> int:
+def record(cls, path: Path, requests: int, workload) -> int:
     from vllm_contract.rig import bugged, tiny_model
 
-    return bugged.record_workload(cls, str(tiny_model.build()), path, requests)
+    return bugged.record_workload(cls, str(tiny_model.build()), path, requests, workload)
 
 
 def main() -> None:
@@ -35,17 +36,22 @@ def main() -> None:
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--requests", type=int, default=60)
+    ap.add_argument("--all", action="store_true",
+                    help="every covered break (rig/bugged.py COVERED), not only BREAKS'")
+    ap.add_argument("--jobs", type=int, nargs="+", default=[1, 2])
     a = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="vllm-contract-reduce-"))
     sys.path.insert(0, str(root))
     rows = []
-    specs = bugged.write(root, "bench_bugs", list(bugged.SCHEDULER_BREAKS))
-    for name, invariant in bugged.SCHEDULER_BREAKS.items():
-        spec = specs[name]
+    names = list(bugged.COVERED if a.all else bugged.SCHEDULER_BREAKS)
+    specs = bugged.write(root, "bench_bugs", names)
+    for name in names:
+        spec, covered = specs[name], bugged.COVERED[name]
+        invariant = covered.invariant
         cls = getattr(importlib.import_module("bench_bugs"), spec.split(":")[1])
-        steps = record(cls, root / name, a.requests)
+        steps = record(cls, root / name, a.requests, covered.workload)
         walls, calls = [], []
-        for jobs in (1, 2):
+        for jobs in a.jobs:
             t0 = time.perf_counter()
             r = reduce(root / name, invariant, root / f"{name}-out-{jobs}",
                        scheduler_cls=spec, jobs=jobs)
@@ -53,13 +59,14 @@ def main() -> None:
             calls.append(r.calls)
         rows.append((name, invariant, r, steps, walls, calls))
     print(f"# reduce, {time.strftime('%Y-%m-%d')}, {platform.node()}, {os.cpu_count()} cores\n")
+    jobs = " / ".join(map(str, a.jobs))
     print("| bug | invariant | requests before → after | steps before → after | "
-          "re-simulations --jobs 1 / 2 | wall s --jobs 1 / 2 | cut to | pytest file |")
+          f"re-simulations --jobs {jobs} | wall s --jobs {jobs} | cut to | pytest file |")
     print("|---|---|---|---|---|---|---|---|")
     for name, inv, r, steps, walls, calls in rows:
         print(f"| {name} | {inv} | {r.original_requests} → {len(r.best.requests)} | "
-              f"{steps:,} → {r.best_steps:,} | {calls[0]} / {calls[1]} | "
-              f"{walls[0]:.1f} / {walls[1]:.1f} | {_cuts(r)} | "
+              f"{steps:,} → {r.best_steps:,} | {' / '.join(map(str, calls))} | "
+              f"{' / '.join(f'{w:.1f}' for w in walls)} | {_cuts(r)} | "
               f"{'yes' if r.pytest_file else r.no_pytest} |")
 
 

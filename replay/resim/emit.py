@@ -20,12 +20,14 @@ _PRIVATE = ("_all_stop_token_ids", "_eos_token_id")
 _ENGINE = ("max_model_len", "max_num_batched_tokens", "max_num_seqs", "enable_prefix_caching",
            "seed")
 
-# each invariant a file can assert, as the body of `check(step, so, owed, known, tables)`:
+# each invariant a file can assert, as the body of
+# `check(step, so, owed, known, tables, seen)`:
 # `owed`, the ids that finished (an update's finish or an abort) since the last schedule();
 # `known`, the ids the worker holds (kept up to date by the test, as _update_states does);
 # `tables`, each live request's KV blocks as the worker's block tables have them, those freed
-# by this output's finished and preempted ids already dropped; an assert's message ends with
-# the invariant's why
+# by this output's finished and preempted ids already dropped; `seen`, what earlier outputs
+# and updates told the worker (the template's Seen); an assert's message ends with the
+# invariant's why
 CONTRACTS = {
     "lifecycle.unknown_cached": '''\
     unknown = set(so.scheduled_cached_reqs.req_ids) - known
@@ -50,6 +52,74 @@ CONTRACTS = {
             assert other == rid, (f"step {step}: {rid} is given block {b}, which {other} "
                                   f"still holds. {WHY}")
         holder.update((b, rid) for b in blocks if b not in holder)''',
+    # the first row of a preempted id after its preemption is resumed (or new, once freed)
+    "lifecycle.preempted_not_resumed": '''\
+    c = so.scheduled_cached_reqs
+    stale = sorted(r for r in c.req_ids if r in seen.preempted and r not in c.resumed_req_ids)
+    assert not stale, (f"step {step}: {stale} scheduled as cached after its preemption, not "
+                       f"in resumed_req_ids. {WHY}")''',
+    "lifecycle.resumed_without_blocks": '''\
+    c = so.scheduled_cached_reqs
+    bare = sorted(r for r, ids in zip(c.req_ids, c.new_block_ids)
+                  if r in c.resumed_req_ids and ids is None)
+    assert not bare, f"step {step}: {bare} resumed with new_block_ids = None. {WHY}"''',
+    # the rows an async worker rebuilds the outputs of: resumed, or out of the batch in the
+    # step before, with outputs (the scheduler sends the field on every engine)
+    "outputs.all_token_ids_missing": '''\
+    for rid, n in seen.rebuilt(so):
+        sent = so.scheduled_cached_reqs.all_token_ids.get(rid)
+        assert sent is not None and len(sent) >= n, (
+            f"step {step}: {rid} comes back with num_output_tokens {n} and "
+            f"{'no all_token_ids' if sent is None else f'all_token_ids of {len(sent)}'}. {WHY}")''',
+    "outputs.all_token_ids_mismatch": '''\
+    for rid, n in seen.rebuilt(so):
+        sent = so.scheduled_cached_reqs.all_token_ids.get(rid)
+        if sent is not None and len(sent) >= n:
+            tail, outputs = list(sent[len(sent) - n:]), seen.outputs.get(rid, [])[:n]
+            assert tail == outputs, (f"step {step}: {rid}'s all_token_ids ends in {tail}, its "
+                                     f"outputs are {outputs}. {WHY}")''',
+    # sync: every update comes before the next schedule(), so the worker holds all outputs
+    "outputs.count_below_held": '''\
+    c = so.scheduled_cached_reqs
+    for rid, n in zip(c.req_ids, c.num_output_tokens):
+        held = len(seen.outputs.get(rid, []))
+        assert n >= held, (f"step {step}: {rid} is sent num_output_tokens {n}, below the {held} "
+                           f"outputs the worker holds. {WHY}")''',
+    "blocks.zeroed_held": '''\
+    c = so.scheduled_cached_reqs
+    got = {rid: set(blocks_of(ids)) for rid, ids in zip(c.req_ids, c.new_block_ids)}
+    got.update((r.req_id, set(blocks_of(r.block_ids))) for r in so.scheduled_new_reqs)
+    for b in so.new_block_ids_to_zero or ():
+        for rid, held in tables.items():
+            assert not b or b not in held or b in got.get(rid, ()), (
+                f"step {step}: block {b} is zeroed while {rid} holds it. {WHY}")''',
+    "blocks.zeroed_out_of_range": '''\
+    bad = [b for b in so.new_block_ids_to_zero or () if not 0 <= b < NUM_BLOCKS]
+    assert not bad, (f"step {step}: block(s) {bad} to zero outside 0..{NUM_BLOCKS - 1}. "
+                     f"{WHY}")''',
+    "blocks.repeated_in_grant": '''\
+    c = so.scheduled_cached_reqs
+    grants = list(zip(c.req_ids, c.new_block_ids))
+    grants += [(r.req_id, r.block_ids) for r in so.scheduled_new_reqs]
+    for rid, ids in grants:
+        blocks = blocks_of(ids)
+        twice = sorted({b for b in blocks if blocks.count(b) > 1})
+        assert not twice, f"step {step}: {rid} is given block(s) {twice} twice. {WHY}"''',
+    # a new or resumed request's blocks are its whole table, a running one's are appended
+    "blocks.table_too_long": '''\
+    width = -(-ENGINE["max_model_len"] // BLOCK_SIZE)
+    c = so.scheduled_cached_reqs
+    rows = [(rid, blocks_of(ids), rid not in c.resumed_req_ids)
+            for rid, ids in zip(c.req_ids, c.new_block_ids)]
+    rows += [(r.req_id, blocks_of(r.block_ids), False) for r in so.scheduled_new_reqs]
+    for rid, blocks, appended in rows:
+        length = len(blocks) + (len(tables.get(rid, [])) if appended else 0)
+        assert length <= width, (f"step {step}: {rid}'s block table of {length} blocks is past "
+                                 f"the {width} that max_model_len needs. {WHY}")''',
+    # the file's engine has no speculative config (a recording with one is not written)
+    "spec.without_drafter": '''\
+    drafted = {r: d for r, d in so.scheduled_spec_decode_tokens.items() if d}
+    assert not drafted, f"step {step}: drafts {drafted} on an engine without a drafter. {WHY}"''',
 }
 
 _TEMPLATE = '''\
@@ -139,7 +209,28 @@ def grant(so, tables):
         tables[r.req_id] = blocks_of(r.block_ids)
 
 
-def check(step, so, owed, known, tables):
+class Seen:
+    """What the worker was told before this schedule(): the ids preempted and not scheduled
+    since, the ids with a token count in the previous step, each request's outputs."""
+
+    def __init__(self):
+        self.preempted, self.prev, self.outputs = set(), set(), {{}}
+
+    def rebuilt(self, so):
+        """(id, num_output_tokens) of the cached rows whose outputs an async worker rebuilds
+        from all_token_ids: resumed, or given no token count in the previous step."""
+        c = so.scheduled_cached_reqs
+        return [(rid, n) for rid, n in zip(c.req_ids, c.num_output_tokens)
+                if n > 0 and (rid in c.resumed_req_ids or rid not in self.prev)]
+
+    def after(self, so):
+        back = set(so.scheduled_cached_reqs.req_ids) | {{r.req_id for r in so.scheduled_new_reqs}}
+        self.preempted = (self.preempted - back - set(so.finished_req_ids)) | set(
+            so.preempted_req_ids or ())
+        self.prev = set(so.num_scheduled_tokens)
+
+
+def check(step, so, owed, known, tables, seen):
 {contract}
 
 
@@ -148,6 +239,7 @@ def test_{name}():
     tokens = {{}}
     owed, known = set(), set()  # finished since the last schedule(); held by the worker
     tables = {{}}  # request id -> its KV blocks
+    seen = Seen()
     for step in range(STEPS):  # as many schedule() calls as the recording made
         for i, (at, req_id, prompt, sampling, private, produced) in enumerate(REQUESTS):
             if at == step:
@@ -161,7 +253,8 @@ def test_{name}():
         known -= set(so.finished_req_ids)  # the worker frees them first
         for r in set(so.finished_req_ids) | set(so.preempted_req_ids or ()):
             tables.pop(r, None)
-        check(step, so, owed, known, tables)
+        check(step, so, owed, known, tables, seen)
+        seen.after(so)
         known |= {{r.req_id for r in so.scheduled_new_reqs}}
         grant(so, tables)
         owed = set()
@@ -183,6 +276,8 @@ def test_{name}():
                                 sampled_token_ids=sampled)
         for eco in sched.update_from_output(so, out).values():
             owed |= {{o.request_id for o in eco.outputs if o.finish_reason is not None}}
+            for o in eco.outputs:
+                seen.outputs.setdefault(o.request_id, []).extend(o.new_token_ids)
 '''
 
 

@@ -89,6 +89,29 @@ def test_each_named_break_is_reduced_to_a_pytest_file_that_fails_until_fixed(
     assert passed.returncode == 0, passed.stdout[-3000:]
 
 
+def test_every_scheduler_break_is_covered_or_documented():
+    """Each function of breaks.py is reduced (here, or by `make reduce-all` for rig/bugged.py
+    COVERED) or has the reason it is not in docs/reduce.md's table: a break added later cannot
+    go unnoticed."""
+    import inspect
+
+    from vllm_contract.replay.resim.emit import CONTRACTS
+    from vllm_contract.rig import breaks
+
+    names = [n for n, f in vars(breaks).items() if inspect.isfunction(f)
+             and f.__module__ == breaks.__name__ and not n.startswith("_")]
+    table = (Path(bugged.__file__).parents[1] / "docs" / "reduce.md").read_text()
+    for name in names:
+        row = next((line for line in table.splitlines() if line.startswith(f"| `{name}` |")),
+                   None)
+        assert row is not None, f"{name} has no row in docs/reduce.md"
+        covered = bugged.COVERED.get(name)
+        if covered is not None:
+            assert f"`{covered.invariant}`" in row and covered.invariant in CONTRACTS, (name, row)
+        else:
+            assert "not covered" in row, (name, row)
+
+
 def _why(invariant: str) -> str:
     from vllm_contract.replay.query import catalog
 
