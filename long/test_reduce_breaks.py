@@ -9,16 +9,15 @@ Scheduler. Run by `make reduce-all` (docs/reduce.md has the table of the breaks 
 from __future__ import annotations
 
 import importlib
-import os
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from vllm_contract.replay.resim.record import catalog_findings
 from vllm_contract.replay.resim.reduce import reduce
 from vllm_contract.rig import bugged
+
+import reducekit
 
 MODULE = "long_reduce_bugs"
 # the default suite reduces these (tests/replay/test_reduce.py)
@@ -61,37 +60,10 @@ def test_break_is_reduced_to_a_pytest_file_that_fails_until_fixed(name, bugs, ti
     assert not any(f.startswith("trace.") for f in found)
     assert r.pytest_file is not None, r.no_pytest
     assert "vllm_contract" not in r.pytest_file.read_text()
-    failed = _pytest(r.pytest_file, VLLM_SCHEDULER_CLS=specs[name], PYTHONPATH=str(root))
+    failed = reducekit.run_emitted(r.pytest_file, VLLM_SCHEDULER_CLS=specs[name], PYTHONPATH=str(root))
     assert failed.returncode == 1, failed.stdout[-3000:]
-    assert " ".join(_why(invariant).split()) in " ".join(failed.stdout.split())
-    passed = _pytest(r.pytest_file)
+    assert " ".join(reducekit.why(invariant).split()) in " ".join(failed.stdout.split())
+    passed = reducekit.run_emitted(r.pytest_file)
     assert passed.returncode == 0, passed.stdout[-3000:]
 
 
-def _why(invariant: str) -> str:
-    from vllm_contract.replay.query import catalog
-
-    return next(i.why for i in catalog.load(None) if i.id == invariant).strip()
-
-
-# the emitted file run where vllm_contract cannot be imported: only vLLM and pytest
-_ONLY_VLLM = """
-import sys
-class Refuse:
-    def find_spec(self, name, path=None, target=None):
-        if name == "vllm_contract" or name.startswith("vllm_contract."):
-            raise ImportError("the pytest file must not need vllm_contract")
-sys.meta_path.insert(0, Refuse())
-import pytest
-sys.exit(pytest.main(sys.argv[1:]))
-"""
-
-
-def _pytest(path: Path, **env) -> subprocess.CompletedProcess:
-    """The emitted file run by pytest in a fresh process, from its own directory, with no
-    plugin of an installed package (ours would need vllm_contract)."""
-    return subprocess.run([sys.executable, "-c", _ONLY_VLLM, "-q", "-p", "no:cacheprovider",
-                           "--rootdir", str(path.parent), path.name], cwd=path.parent,
-                          env={**os.environ, "PYTHONPATH": "", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
-                               **env},
-                          capture_output=True, text=True, timeout=300)

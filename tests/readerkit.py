@@ -55,6 +55,14 @@ def copy_sample(name: str, dst: Path) -> Path:
     return dst
 
 
+def sample_fleet(dst: Path) -> Path:
+    """A fleet root of two engines, `a` (the mixed sample's) and `b` (broken-leak's)."""
+    for name, sample in (("a", "mixed"), ("b", "broken-leak")):
+        (src,) = (SAMPLES / sample).glob("engine=*")
+        shutil.copytree(src, dst / f"engine={name}")
+    return dst
+
+
 def as_streams(name: str, dst: Path, batch_rows: int = 16, segments: int = 1) -> Path:
     """samples/NAME rewritten by the recorder's own segment writer: `.arrows` streams of
     `batch_rows`-row batches (each with its checksum), in `segments` segments."""

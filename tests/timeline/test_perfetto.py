@@ -7,7 +7,6 @@ the file is not loaded into one."""
 from __future__ import annotations
 
 import json
-import shutil
 from collections import Counter
 from pathlib import Path
 
@@ -17,6 +16,8 @@ from typer.testing import CliRunner
 from vllm_contract.cli import app
 from vllm_contract.replay.resim.record import catalog_findings
 from vllm_contract.trace import open_trace
+
+import readerkit
 
 SAMPLES = Path(__file__).resolve().parents[2] / "samples"
 
@@ -278,10 +279,7 @@ def test_a_finding_at_a_step_not_recorded_is_drawn_on_the_next(tmp_path):
 
 
 def test_from_until_and_engines_of_a_fleet(tmp_path):
-    fleet = tmp_path / "fleet"
-    for name, sample in (("a", "mixed"), ("b", "broken-leak")):
-        (src,) = (SAMPLES / sample).glob("engine=*")
-        shutil.copytree(src, fleet / f"engine={name}")
+    fleet = readerkit.sample_fleet(tmp_path / "fleet")
     counts = _export(fleet, tmp_path / "all.pftrace")
     parsed = Parsed(_parse(tmp_path / "all.pftrace"))
     processes = [d for d in parsed.tracks.values() if d.HasField("process")]

@@ -24,6 +24,8 @@ from vllm_contract.replay.timeline import report as rp
 from vllm_contract.replay.timeline import spans
 from vllm_contract.trace import open_trace
 
+import readerkit
+
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = ROOT / "samples"
 CHARTS = ["tokens", "batch", "kv", "queues", "schedule", "gantt", "ttft", "duration"]
@@ -124,10 +126,7 @@ def test_a_long_trace_is_downsampled_and_keeps_its_peaks(browser, tmp_path):
 
 
 def test_a_fleet_has_a_section_per_engine_with_its_charts_and_findings(tmp_path):
-    fleet = tmp_path / "fleet"
-    for name, sample in (("a", "mixed"), ("b", "broken-leak")):
-        (src,) = (SAMPLES / sample).glob("engine=*")
-        shutil.copytree(src, fleet / f"engine={name}")
+    fleet = readerkit.sample_fleet(tmp_path / "fleet")
     counts = _report(fleet, tmp_path / "fleet.html")
     assert counts["engines"] == 2 and counts["charts"] == 2 * len(CHARTS)
     page = (tmp_path / "fleet.html").read_text()
