@@ -135,6 +135,7 @@ with VLLM_SCHEDULER_CLS=module:Class (default vLLM's own; the finding was record
 """
 
 import importlib
+import json
 import os
 
 import torch
@@ -147,6 +148,9 @@ from vllm.v1.structured_output import StructuredOutputManager
 
 SCHEDULER = os.environ.get("VLLM_SCHEDULER_CLS", {stock!r})
 MODEL = {model!r}
+# the model's config.json as recorded: the scheduler reads the config, never the weights, so a
+# folder holding only this stands in for MODEL on any machine (None: MODEL itself is read)
+MODEL_CONFIG = {model_config}
 ENGINE = {engine}
 NUM_BLOCKS = {num_blocks}
 BLOCK_SIZE = {block_size}
@@ -159,10 +163,17 @@ REQUESTS = {requests_data}
 ABORTS = {aborts}
 
 
-def build():
+def model(folder):
+    if MODEL_CONFIG is None:
+        return MODEL
+    (folder / "config.json").write_text(json.dumps(MODEL_CONFIG))
+    return str(folder)
+
+
+def build(folder):
     module, _, name = SCHEDULER.partition(":")
     cls = getattr(importlib.import_module(module), name)
-    vc = EngineArgs(model=MODEL, block_size=BLOCK_SIZE, enforce_eager=True,
+    vc = EngineArgs(model=model(folder), block_size=BLOCK_SIZE, enforce_eager=True,
                     skip_tokenizer_init=True, **ENGINE).create_engine_config()
     vc.cache_config.num_gpu_blocks = NUM_BLOCKS
     spec = kvi.FullAttentionSpec(block_size=BLOCK_SIZE, num_kv_heads=1, head_size=16,
@@ -234,8 +245,8 @@ def check(step, so, owed, known, tables, seen):
 {contract}
 
 
-def test_{name}():
-    sched, hasher = build()
+def test_{name}(tmp_path):
+    sched, hasher = build(tmp_path)
     tokens = {{}}
     owed, known = set(), set()  # finished since the last schedule(); held by the worker
     tables = {{}}  # request id -> its KV blocks
@@ -326,7 +337,7 @@ def pytest_file(reduced: Path, invariant: str, title: str, why: str, source: str
             aborts.setdefault(int(r["step"]) + 1, []).append(
                 (r["req_id"], r["status"] or "FINISHED_ABORTED"))
     steps = len(eng.read("steps", ["step"]))
-    return _TEMPLATE.format(
+    return _TEMPLATE.format(model_config=_model_config(e.get("model")),
         invariant=invariant, title=title, source=source, requests=len(requests), steps=steps,
         stock=_STOCK, recorded=scheduler_cls or _STOCK, model=str(e.get("model")),
         engine=pprint.pformat({k: e[k] for k in _ENGINE if e.get(k) is not None}, width=90),
@@ -334,3 +345,12 @@ def pytest_file(reduced: Path, invariant: str, title: str, why: str, source: str
             why.split()), requests_data=pprint.pformat(requests, width=96, compact=True),
         aborts=pprint.pformat(aborts, width=96), contract=CONTRACTS[invariant],
         name=invariant.replace(".", "_"))
+
+
+def _model_config(model: str | None) -> str:
+    """The recorded model's config.json as a Python literal, where the model is a folder here
+    (a rig recording's local model is nowhere else); "None" for a hub id, read as it is."""
+    path = Path(str(model)) / "config.json"
+    if model is None or not path.is_file():
+        return "None"
+    return pprint.pformat(json.loads(path.read_text()), width=90)

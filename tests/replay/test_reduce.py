@@ -50,11 +50,22 @@ def _class(spec: str):
 
 
 @pytest.fixture(scope="module")
-def small(bugs, tiny_model, tmp_path_factory):
+def model_copy(tiny_model, tmp_path_factory):
+    """The tiny model in a folder of this module's: a test may take it away for a while."""
+    import shutil
+
+    path = tmp_path_factory.mktemp("reduce-model") / "tiny"
+    shutil.copytree(tiny_model, path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def small(bugs, model_copy, tmp_path_factory):
     """DropFinishedOnce on 12 requests: for the tests of how a reduction runs and stops."""
     root, specs = bugs
     path = tmp_path_factory.mktemp("reduce-small") / "trace"
-    bugged.record_workload(_class(specs["drop_finished_once"]), tiny_model, path, requests=12)
+    bugged.record_workload(_class(specs["drop_finished_once"]), str(model_copy), path,
+                           requests=12)
     return path, specs["drop_finished_once"]
 
 
@@ -136,6 +147,26 @@ def test_requests_and_settings_are_cut_shorter(serial):
     text = r.pytest_file.read_text()
     assert f"NUM_BLOCKS = {settings['num_kv_blocks']['value']}\n" in text
     assert f"'max_tokens': {cut['outputs']}," in text
+
+
+def test_the_pytest_file_runs_where_the_recorded_model_is_not(bugs, small, serial, model_copy):
+    """A vLLM developer pasting the file has no copy of the recording's local model folder:
+    the file carries its config.json, so it still fails with the bug and passes without."""
+    root, _ = bugs
+    _, spec = small
+    r, _ = serial
+    assert f"MODEL = {str(model_copy)!r}\n" in r.pytest_file.read_text()
+    away = model_copy.with_name("away")
+    model_copy.rename(away)
+    try:
+        failed = reducekit.run_emitted(r.pytest_file, VLLM_SCHEDULER_CLS=spec,
+                                       PYTHONPATH=str(root), HF_HUB_OFFLINE="1")
+        passed = reducekit.run_emitted(r.pytest_file, HF_HUB_OFFLINE="1")
+    finally:
+        away.rename(model_copy)
+    assert failed.returncode == 1, failed.stdout[-3000:]
+    assert " ".join(reducekit.why("finished.leaked").split()) in " ".join(failed.stdout.split())
+    assert passed.returncode == 0, passed.stdout[-3000:]
 
 
 def test_jobs_re_run_side_by_side_and_come_to_the_serial_result(small, serial, tmp_path):
