@@ -350,7 +350,6 @@ def pytest_file(reduced: Path, invariant: str, title: str, why: str, source: str
 def _model_config(model: str | None) -> str:
     """The recorded model's config.json as a Python literal, where the model is a folder here
     (a rig recording's local model is nowhere else); "None" for a hub id, read as it is."""
-    path = Path(str(model)) / "config.json"
-    if model is None or not path.is_file():
+    if model is None or not (Path(model) / "config.json").is_file():
         return "None"
-    return pprint.pformat(json.loads(path.read_text()), width=90)
+    return pprint.pformat(json.loads((Path(model) / "config.json").read_text()), width=90)

@@ -73,15 +73,23 @@ def steps_on_disk(trace: Path) -> int:
         return -1
 
 
+def sampled(engine) -> dict[str, int]:
+    """The tokens the engine made, by the engine's request id."""
+    counts: dict[str, int] = {}
+    for row in engine.read("model_outputs").to_pylist():
+        counts[row["req_id"]] = counts.get(row["req_id"], 0) + len(row["sampled_token_ids"])
+    return counts
+
+
 def outputs_on_disk(trace: Path, rid: str) -> int:
     """The tokens the engine made for the request the server answered as `rid`, flushed; -1
     where the trace cannot be read yet."""
     try:
         (engine,) = open_trace(trace).engines
-        rows = engine.read("model_outputs").to_pylist()
+        counts = sampled(engine)
     except Exception:  # not flushed yet
         return -1
-    return sum(len(r["sampled_token_ids"]) for r in rows if r["req_id"].startswith(rid + "-"))
+    return sum(n for req_id, n in counts.items() if req_id.startswith(rid + "-"))
 
 
 def settle(trace: Path, answers: dict, server: subprocess.Popen, tail) -> None:
@@ -219,20 +227,18 @@ def test_readme_serve_recipe_records_a_clean_trace(tiny_model, tmp_path):
     m = engine.manifest
     assert m["closed_cleanly"] is True and m["started_by"] == "VLLM_CONTRACT_TRACE_DIR"
     requests = {row["req_id"]: row for row in engine.read("requests").to_pylist()}
-    sampled: dict[str, int] = {}
-    for row in engine.read("model_outputs").to_pylist():
-        sampled[row["req_id"]] = sampled.get(row["req_id"], 0) + len(row["sampled_token_ids"])
+    made = sampled(engine)
     assert len(requests) == len(answers) + len(cancelled) and len(answers) == 4
     for rid, usage in answers.items():
         (req_id,) = [k for k in requests if k.startswith(rid + "-")]
         assert requests[req_id]["prompt_len"] == usage["prompt_tokens"]
-        assert sampled[req_id] == usage["completion_tokens"]
+        assert made[req_id] == usage["completion_tokens"]
     # The cancelled stream: aborted in the engine before its LONG tokens, with its abort
     # recorded (a try the engine finished first ran to its end).
     gone = [next(k for k in requests if k.startswith(c + "-")) for c in cancelled]
-    aborted = [g for g in gone if sampled[g] < LONG]
-    assert aborted, f"all {len(gone)} cancelled streams ran to their end: {sampled}"
-    assert all(sampled[g] >= 3 for g in aborted), sampled
+    aborted = [g for g in gone if made[g] < LONG]
+    assert aborted, f"all {len(gone)} cancelled streams ran to their end: {made}"
+    assert all(made[g] >= 3 for g in aborted), made
     finishes = {(f["req_id"], f["reason"], f["source"])
                 for f in engine.read("finish_events").to_pylist()}
     assert all((g, "FINISHED_ABORTED", "finish_requests") in finishes for g in aborted)
