@@ -119,10 +119,16 @@ _ENGINE = _obj({
     "scheduler_reserve_full_isl": _opt(_bool), "disable_chunked_mm_input": _opt(_bool),
     "prefix_caching_hash_algo": _opt(_str), "scheduler_block_size": _count,
     "hash_block_size": _count, "prefix_cache_retention_interval": _count,
-    "kv_connector": _opt(_str), "runner_type": _opt(_str),
+    "kv_connector": _opt(_str), "runner_type": _opt(_str), "mamba_cache_mode": _opt(_str),
+    # each group's spec: the fields its block rules read are typed here; the rest of the
+    # spec's plain fields (head or state shapes) are kept as recorded
     "kv_cache_groups": _opt(_list(_obj({"layers": _count, "spec": _opt(_str),
+                                        "kind": _opt(_str),
                                         "block_size": _count, "sliding_window": _count,
-                                        "attention_chunk_size": _count}))),
+                                        "attention_chunk_size": _count,
+                                        "extra_retained_tokens": _count,
+                                        "mamba_cache_mode": _opt(_str),
+                                        "num_speculative_blocks": _count}))),
 })
 
 KEYS: dict[str, Check] = {

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-# Per KV cache group, the spec fields besides block_size that decide which blocks a request
-# holds (the window a sliding-window or chunked-local group frees behind); recorded when set.
-_GROUP_FIELDS = ("sliding_window", "attention_chunk_size")
+from vllm_contract.kv_groups import group_kind
+
 # scheduler_config fields that decide what schedule() schedules (vLLM 0.32). The partial-prefill
 # limits are older versions' (absent here: None).
 SCHEDULER_KEYS = ("policy", "long_prefill_token_threshold",
@@ -33,18 +32,44 @@ def _plain(v: Any) -> Any:
     return v if v is None or type(v) in (bool, int, float, str) else str(v)
 
 
+def _field_value(v: Any) -> Any:
+    """A spec field as JSON: numbers and strings as they are, a dtype or enum by name, shapes as
+    lists; None for what has no plain form."""
+    if v is None or type(v) in (bool, int, float, str):
+        return v
+    if isinstance(v, (tuple, list)):
+        items = [_field_value(x) for x in v]
+        return None if any(x is None and y is not None for x, y in zip(items, v)) else items
+    name = getattr(v, "name", None)  # an Enum member
+    if isinstance(name, str) and not callable(name):
+        return name
+    text = str(v)
+    return text.removeprefix("torch.") if text.startswith("torch.") else None
+
+
 def _groups(kv: Any) -> list[dict] | None:
-    """The KV cache groups, small: what the scheduler's block managers depend on, not the
-    layers' names or head shapes (which only the worker reads)."""
+    """The KV cache groups, small: the spec's class, its rules' kind and every plain field of it
+    (block size, window, chunk, a Mamba group's cache mode, speculative blocks, state shapes and
+    dtypes), not the layers' names, which only the worker reads."""
+    import dataclasses
+
     try:
         groups = []
         for g in kv.kv_cache_groups:
             spec = g.kv_cache_spec
             row = {"layers": len(g.layer_names), "spec": type(spec).__name__,
+                   "kind": group_kind(type(spec).__name__),
                    "block_size": _plain(_get(spec, "block_size"))}
-            for name in _GROUP_FIELDS:
-                if _get(spec, name) is not None:
-                    row[name] = _plain(_get(spec, name))
+            if dataclasses.is_dataclass(spec):
+                for f in dataclasses.fields(spec):
+                    if f.name in row:
+                        continue
+                    try:
+                        value = _field_value(getattr(spec, f.name))
+                    except Exception:  # a property of another version that raises
+                        value = None
+                    if value is not None:
+                        row[f.name] = value
             groups.append(row)
         return groups
     except Exception:  # another version's layout: the manifest says unknown, the engine runs
@@ -74,6 +99,9 @@ def engine_settings(scheduler: Any) -> dict:
         # what else Scheduler.__init__ and schedule() read from the config and decide with
         **{k: _plain(_get(sched, k)) for k in SCHEDULER_KEYS},
         "prefix_caching_hash_algo": _plain(_get(cache, "prefix_caching_hash_algo")),
+        # how Mamba groups keep state blocks (none, align, all): the scheduler's chunking and
+        # the groups' block rules follow it
+        "mamba_cache_mode": _plain(_get(cache, "mamba_cache_mode")),
         # the scheduler's own block sizes: with several groups, not cache_config.block_size
         "scheduler_block_size": _plain(_get(scheduler, "block_size")),
         "hash_block_size": _plain(_get(scheduler, "hash_block_size")),

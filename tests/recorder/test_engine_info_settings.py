@@ -36,9 +36,14 @@ def test_a_rig_recording_has_the_scheduling_settings_of_its_config(tiny_model, t
     assert e["max_num_partial_prefills"] is None and e["max_long_partial_prefills"] is None
     assert e["prefix_caching_hash_algo"] == cache.prefix_caching_hash_algo == "sha256"
     assert e["scheduler_block_size"] == e["hash_block_size"] == h.config.block_size == 16
-    # the rig's one full-attention group, small: no layer names, no head shapes
-    assert e["kv_cache_groups"] == [{"layers": 1, "spec": "FullAttentionSpec",
-                                     "block_size": 16}]
+    # the rig's one full-attention group: its spec's fields as the scheduler has them, no
+    # layer names (only the worker reads those)
+    [g] = e["kv_cache_groups"]
+    spec = h.scheduler.kv_cache_config.kv_cache_groups[0].kv_cache_spec
+    assert g["layers"] == 1 and g["spec"] == "FullAttentionSpec" and g["kind"] == "full"
+    assert (g["block_size"], g["num_kv_heads"], g["head_size"], g["dtype"]) == (
+        spec.block_size, spec.num_kv_heads, spec.head_size, str(spec.dtype).removeprefix("torch."))
+    assert "layer_names" not in g and "layer" not in g.values()
     json.dumps(e, allow_nan=False)  # plain JSON
 
 
