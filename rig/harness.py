@@ -12,6 +12,7 @@ Everything the scheduler does with them is vLLM's real code.
 from __future__ import annotations
 
 import collections
+import math
 import re
 import zlib
 from dataclasses import dataclass, field
@@ -43,6 +44,11 @@ class HarnessConfig:
     # placeholders, and the fabricated model accepts some of its (unseen) drafts.
     batch_queue: int = 1
     policy: str = "fcfs"  # or "priority": Harness.add(priority=...) orders the queue
+    # KV cache groups of a hybrid engine, each {"spec": a vLLM spec class name, its fields};
+    # empty: one full-attention group. The specs are vLLM's own, so each group's block manager
+    # is the real one (sliding window, Mamba): only the layers behind them are absent.
+    groups: tuple = ()
+    mamba_cache_mode: str = "align"  # for a MambaSpec group (prefix caching needs "align")
 
 
 def token_for(req_id: str, position: int) -> int:
@@ -85,14 +91,24 @@ class Harness:
         self.vllm_config = vc = args.create_engine_config()
         vc.cache_config.num_gpu_blocks = c.num_blocks
         vc.scheduler_config.policy = c.policy
-        kv_config = KVCacheConfig(
-            num_blocks=c.num_blocks, kv_cache_tensors=[],
-            kv_cache_groups=[KVCacheGroupSpec(["layer"], FullAttentionSpec(
-                block_size=c.block_size, num_kv_heads=2, head_size=32, dtype=torch.bfloat16))])
+        if c.groups:
+            groups = [KVCacheGroupSpec([f"group{i}.layer"], self._spec(g))
+                      for i, g in enumerate(c.groups)]
+            if any(g["spec"] == "MambaSpec" for g in c.groups):
+                vc.cache_config.mamba_cache_mode = c.mamba_cache_mode
+        else:
+            groups = [KVCacheGroupSpec(["layer"], FullAttentionSpec(
+                block_size=c.block_size, num_kv_heads=2, head_size=32, dtype=torch.bfloat16))]
+        kv_config = KVCacheConfig(num_blocks=c.num_blocks, kv_cache_tensors=[],
+                                  kv_cache_groups=groups)
         cls = AsyncScheduler if c.batch_queue > 1 else Scheduler
+        # vLLM schedules in the least common multiple of its groups' block sizes and hashes
+        # prompts in blocks of the harness's size (resolve_kv_cache_block_sizes)
+        sched_block = math.lcm(*(g.kv_cache_spec.block_size for g in groups))
         self.scheduler = cls(vllm_config=vc, kv_cache_config=kv_config,
                              structured_output_manager=StructuredOutputManager(vc),
-                             block_size=c.block_size, log_stats=False)
+                             block_size=sched_block, hash_block_size=c.block_size,
+                             log_stats=False)
         # batches in flight, newest first: (SchedulerOutput, prefill chunks)
         self._queue: collections.deque = collections.deque()
         self.block_hasher = None
@@ -109,6 +125,23 @@ class Harness:
         self.outputs: dict[str, list[int]] = {}  # req_id -> tokens the engine emitted
         self.model_outputs: list[tuple[list[str], list[list[int]]]] = []  # what we fed, per step
         self._drafts_accepted = 0
+
+    def _spec(self, group: dict) -> Any:
+        """A vLLM KV cache spec of the class the group names, at the harness's block size."""
+        import torch
+        from vllm.v1 import kv_cache_interface as kvi
+
+        fields = {k: v for k, v in group.items() if k != "spec"}
+        fields.setdefault("block_size", self.config.block_size)
+        if group["spec"] == "MambaSpec":
+            fields.setdefault("shapes", ((4, 32), (2, 16, 8)))
+            fields.setdefault("dtypes", (torch.bfloat16, torch.bfloat16))
+            fields.setdefault("mamba_cache_mode", self.config.mamba_cache_mode)
+        else:
+            fields.setdefault("num_kv_heads", 2)
+            fields.setdefault("head_size", 32)
+            fields.setdefault("dtype", torch.bfloat16)
+        return getattr(kvi, group["spec"])(**fields)
 
     # -- requests ------------------------------------------------------------------------------
     def add(self, req_id: str, prompt: list[int], max_tokens: int = 8,
@@ -147,6 +180,10 @@ class Harness:
         from vllm.v1.request import RequestStatus
 
         self.scheduler.finish_requests(list(req_ids), RequestStatus.FINISHED_ABORTED)
+
+    def in_flight(self, req_id: str) -> bool:
+        """Whether a batch in flight (batch_queue > 1) schedules `req_id`."""
+        return any(req_id in so.num_scheduled_tokens for so, _ in self._queue)
 
     @property
     def busy(self) -> bool:

@@ -106,6 +106,26 @@ def _mixed(h: Harness) -> None:
     h.run()
 
 
+def _mixed_hybrid(h: Harness) -> None:
+    """_mixed, the aborted id reused only once no batch in flight still schedules it: vLLM's
+    update_from_output finds a request by its id, so an in-flight output of the aborted request
+    would land on its successor (real engines never reuse an id: each carries a random suffix).
+    The Llama's mixed run happens never to have it in flight; a hybrid engine's block-aligned
+    Mamba chunks do."""
+    shared = prompt(42, 48)
+    for i in range(8):
+        h.add(f"m{i}", (shared if i % 2 else []) + prompt(i, 40 + 37 * i), max_tokens=24)
+    h.add("doomed", prompt(77, 30), max_tokens=10)
+    h.abort("doomed")
+    for _ in range(10):
+        h.step()
+    h.abort("m3")
+    while h.in_flight("m3"):
+        h.step()
+    h.add("m3", prompt(3, 30), max_tokens=8)
+    h.run()
+
+
 def _long_run(h: Harness) -> None:
     n = int(os.environ.get("VLLM_CONTRACT_LONG_REQS", "1024"))
     steps = int(os.environ.get("VLLM_CONTRACT_LONG_STEPS", "10000"))
@@ -121,6 +141,16 @@ def _long_run(h: Harness) -> None:
         for _ in h.step().finished:
             add()
 
+
+# KV cache groups of the hybrid scenarios (HarnessConfig.groups): vLLM's spec classes
+SLIDING_FULL = ({"spec": "SlidingWindowSpec", "sliding_window": 32}, {"spec": "FullAttentionSpec"})
+# the Mamba spec as vLLM 0.32 makes it with prefix caching (a prefill checkpoint block, so
+# that a prompt's state at a block boundary is cached and hit)
+MAMBA_FULL = ({"spec": "MambaSpec", "num_prefill_checkpoint_blocks": 1,
+               "prefill_checkpoint_alignment": 1}, {"spec": "FullAttentionSpec"})
+# without prefix caching one Mamba block holds a request's whole state: vLLM sizes it to
+# max_model_len
+MAMBA_NONE_FULL = ({"spec": "MambaSpec", "block_size": 512}, {"spec": "FullAttentionSpec"})
 
 SCENARIOS = {s.name: s for s in [
     Scenario("chunked_prefill", "Prompts longer than the token budget, prefilled in chunks.",
@@ -144,6 +174,18 @@ SCENARIOS = {s.name: s for s in [
              _encoder_lookalike),
     Scenario("mixed", "Chunked prefill, prefix hits, preemption, aborts and id reuse together.",
              HarnessConfig(num_blocks=26, max_num_batched_tokens=96), _mixed),
+    Scenario("hybrid_sliding", "The mixed workload on a hybrid engine: a sliding-window group "
+             "(window 32) beside a full-attention group, vLLM's own managers for each.",
+             HarnessConfig(num_blocks=40, max_num_batched_tokens=96, groups=SLIDING_FULL),
+             _mixed_hybrid),
+    Scenario("hybrid_mamba", "The mixed workload on a Mamba hybrid: a Mamba group (\"align\" "
+             "cache mode, as with prefix caching) beside a full-attention group.",
+             HarnessConfig(num_blocks=40, max_num_batched_tokens=96, groups=MAMBA_FULL),
+             _mixed_hybrid),
+    Scenario("hybrid_mamba_plain", "The mixed workload on a Mamba hybrid without prefix "
+             "caching: the Mamba group keeps one state block per request (\"none\" mode).",
+             HarnessConfig(num_blocks=40, max_num_batched_tokens=96, enable_prefix_caching=False,
+                           groups=MAMBA_NONE_FULL, mamba_cache_mode="none"), _mixed_hybrid),
     Scenario("long_run", "1024 running decode requests for 10k steps, each finished request "
              "replaced (VLLM_CONTRACT_LONG_REQS / _STEPS to size it).",
              HarnessConfig(num_blocks=32768, max_num_batched_tokens=8192, max_num_seqs=1024,

@@ -23,7 +23,7 @@ from vllm_contract.errors import TraceError
 from vllm_contract.trace import Trace, reading
 from vllm_contract.replay.query.base import QueryGateway, verified_parquet
 from vllm_contract.replay.query.deps import stored_views
-from vllm_contract.replay.query.views import derived_views, manifest_tables, quote
+from vllm_contract.replay.query.views import derived_views, group_count, manifest_tables, quote
 
 
 def _no_progress_bar(con: duckdb.DuckDBPyConnection) -> None:
@@ -113,7 +113,8 @@ class Gateway(QueryGateway):
             self.con.execute(f"CREATE VIEW {view} AS SELECT * REPLACE "
                              f"(CAST(engine AS engine_name) AS engine) FROM _{view}")
         if self.derived:
-            for view, select in derived_views([e.name for e in self.trace.engines]).items():
+            for view, select in derived_views([e.name for e in self.trace.engines],
+                                             groups=group_count(self.trace)).items():
                 self.con.execute(f"CREATE VIEW {view} AS {select}")
 
     def _hold(self, name: str, table: pa.Table) -> str:

@@ -24,7 +24,7 @@ from vllm_contract.errors import TraceError
 from vllm_contract.trace import Trace, reading
 from vllm_contract.replay.query.base import QueryGateway, verified_parquet
 from vllm_contract.replay.query.deps import derived_read, reads
-from vllm_contract.replay.query.views import derived_views, manifest_tables
+from vllm_contract.replay.query.views import derived_views, group_count, manifest_tables
 
 INSTALL = "pip install 'vllm-contract[spark]'"
 
@@ -46,6 +46,7 @@ DEFAULT_CONF = {
 }
 
 _QUOTED_MEMBER = re.compile(r"""GET_JSON_OBJECT\(([^,()]+), '\$\."' \|\| (.+?) \|\| '"'\)""")
+_LIST_REVERSE = re.compile(r"\bLIST_REVERSE\(")
 SPARK_MEMBER = r"GET_JSON_OBJECT(\1, '$[''' || \2 || ''']')"
 # engine names a file's URI spells as they are (input_file_name() escapes others)
 _PLAIN = re.compile(r"[A-Za-z0-9._-]+")
@@ -101,7 +102,8 @@ def transpile(sql: str) -> str:
         raise TraceError(f"cannot transpile to Spark SQL: {_one_line(e)}") from None
     # A JSON member by a computed key, DuckDB's `'$."' || k || '"'`, is NULL on Spark, whose
     # paths quote a member as $['k'] (docs/portable-sql.md); sqlglot keeps the path as written
-    return _QUOTED_MEMBER.sub(SPARK_MEMBER, out)
+    # DuckDB's LIST_REVERSE is Spark's REVERSE, which sqlglot leaves as it is
+    return _QUOTED_MEMBER.sub(SPARK_MEMBER, _LIST_REVERSE.sub("REVERSE(", out))
 
 
 class SparkGateway(QueryGateway):
@@ -141,7 +143,8 @@ class SparkGateway(QueryGateway):
             # views Spark's planner ran out of heap (computed.progress, on 1.2k rows). They are
             # made when a query first reads them (`_ensure`), so a run of a few checks pays for
             # the views those read alone.
-            self._derived = derived_views([e.name for e in self.trace.engines], split=False)
+            self._derived = derived_views([e.name for e in self.trace.engines], split=False,
+                                          groups=group_count(self.trace))
         except TraceError:
             self.close()
             raise

@@ -11,6 +11,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from vllm_contract import schema
+from vllm_contract.kv_groups import group_kind, release_rule
 
 # Views derived from the tables, documented with them (see VIEW_DOCS and docs/sql-views.md).
 ENGINES_SCHEMA = pa.schema([
@@ -32,7 +33,11 @@ def engine_row(e) -> dict:
     """An engine's row of `engines`, from its manifest (an EngineTrace), for either gateway."""
     m, s = e.manifest, e.manifest.get("engine") or {}
     spec, par = s.get("speculative") or {}, s.get("parallel") or {}
-    return {"engine": e.name, "model": s.get("model"), "block_size": s.get("block_size"),
+    # with several KV cache groups, the smallest group's block size: the table length the
+    # checks read (blocks_expr) is that group's
+    sizes = [g.get("block_size") for g in s.get("kv_cache_groups") or [] if g.get("block_size")]
+    return {"engine": e.name, "model": s.get("model"),
+            "block_size": min(sizes) if sizes else s.get("block_size"),
             "num_kv_blocks": s.get("num_kv_blocks"),
             "max_num_batched_tokens": s.get("max_num_batched_tokens"),
             "max_num_seqs": s.get("max_num_seqs"), "max_model_len": s.get("max_model_len"),
@@ -73,6 +78,32 @@ def pruned_steps(manifest: dict) -> int:
                for seg in manifest.get("pruned_segments", []) if seg.get("steps"))
 
 
+KV_GROUPS_SCHEMA = pa.schema([
+    pa.field("engine", pa.string()), pa.field("grp", pa.int64()), pa.field("kind", pa.string()),
+    pa.field("spec", pa.string()), pa.field("block_size", pa.int64()),
+    pa.field("release_offset", pa.int64()), pa.field("release_chunk", pa.int64()),
+])
+
+
+def kv_group_rows(e) -> list[dict]:
+    """An engine's rows of `kv_groups`, from its manifest's recorded groups (none where the
+    manifest has none: an older recorder, or a layout it could not read)."""
+    rows = []
+    for i, g in enumerate((e.manifest.get("engine") or {}).get("kv_cache_groups") or []):
+        rule = release_rule(g)
+        rows.append({"engine": e.name, "grp": i, "kind": g.get("kind") or group_kind(g.get("spec")),
+                     "spec": g.get("spec"), "block_size": g.get("block_size"),
+                     "release_offset": None if rule is None else rule.offset,
+                     "release_chunk": None if rule is None else rule.chunk})
+    return rows
+
+
+def group_count(trace) -> int:
+    """The most KV cache groups any engine of the trace recorded (1 where none did)."""
+    return max([len((e.manifest.get("engine") or {}).get("kv_cache_groups") or [])
+                for e in trace.engines] + [1])
+
+
 INTEGRITY_SCHEMA = pa.schema([pa.field("engine", pa.string()), pa.field("segment", pa.string()),
                               pa.field("details", pa.string()), pa.field("kind", pa.string())])
 DROPPED_SCHEMA = pa.schema([pa.field("engine", pa.string()), pa.field("first_step", pa.int64()),
@@ -85,6 +116,8 @@ def manifest_tables(trace) -> dict[str, pa.Table]:
     engines = trace.engines
     return {
         "engines": schema.from_rows([engine_row(e) for e in engines], ENGINES_SCHEMA),
+        "kv_groups": schema.from_rows([r for e in engines for r in kv_group_rows(e)],
+                                      KV_GROUPS_SCHEMA),
         "dropped": schema.from_rows([{"engine": e.name, "first_step": a, "last_step": b}
                                      for e in engines
                                      for a, b in e.manifest.get("dropped_steps", [])],
@@ -240,15 +273,29 @@ LEFT JOIN candidates c ON c.engine = g.engine AND c.req_id = g.req_id
 
 # The columns of a listed row that `runs` carries: counts as INTEGER, and no more columns than
 # the checks read (every byte of a row travels through the window's sort).
-# Blocks a row adds to each KV cache group's table (new_block_ids holds one list per group).
-_BLOCKS = """CAST(CASE WHEN {ids} IS NOT NULL AND CARDINALITY({ids}) > 0
-                 THEN CARDINALITY(FLATTEN({ids})) // CARDINALITY({ids})
+# Blocks a row adds to a request's block table (new_block_ids holds one list per KV cache group):
+# the most any group's list adds. The groups whose table covers every token (attention; a Mamba
+# group in "align" mode, nulls included) add the same count at the same block size; a Mamba
+# group without prefix caching keeps one block per request, and the group with the smallest
+# block size (`engines.block_size`) adds the most. Written for up to `groups` groups, the list
+# indexed by literals (each engine's dialect numbers lists its own way), each guarded by the
+# list's length. `__BLOCKS_S__` and `__BLOCKS__` stand for it in the SQL below.
+def blocks_expr(ids: str, groups: int = 1) -> str:
+    if groups <= 1:
+        each = f"CARDINALITY(FLATTEN({ids})) // CARDINALITY({ids})"
+    else:
+        each = "GREATEST(" + ", ".join(
+            f"CASE WHEN CARDINALITY({ids}) > {k} THEN CARDINALITY({ids}[{k + 1}]) ELSE 0 END"
+            for k in range(groups)) + ")"
+    return f"""CAST(CASE WHEN {ids} IS NOT NULL AND CARDINALITY({ids}) > 0
+                 THEN {each}
                  ELSE 0 END AS INTEGER)"""
+
 
 _RUN_COLUMNS = """s.step, s.kind, CAST(s.num_scheduled_tokens AS INTEGER) AS num_scheduled_tokens,
            CAST(s.num_computed_tokens AS INTEGER) AS num_computed_tokens,
            CAST(s.num_output_tokens AS INTEGER) AS num_output_tokens,
-           {drafts} AS drafts, """ + _BLOCKS.format(ids="s.new_block_ids") + " AS blocks"
+           {drafts} AS drafts, __BLOCKS_S__ AS blocks"""
 
 # The rows of `runs` of the ids that are not plain: one window pass over them alone. The checker
 # materialises it once per run (see Gateway.materialize).
@@ -333,10 +380,114 @@ GROUP BY {{by}}s.step""".format(fp_id_0=fingerprint("s.step", "s.req_id", 0),
 GRANTS_SQL = f"""
 CREATE VIEW grants AS
 SELECT engine, step, req_id, kind, pos, num_computed_tokens, num_scheduled_tokens,
-       {_BLOCKS.format(ids="new_block_ids")} AS blocks, FLATTEN(new_block_ids) AS block_ids
+       __BLOCKS__ AS blocks, FLATTEN(new_block_ids) AS block_ids,
+       new_block_ids AS group_ids
 FROM scheduled
 WHERE new_block_ids IS NOT NULL OR kind IN ('new', 'resumed')
 """
+
+# Each grant row's blocks per KV cache group, placed in the group's table: `start` is the table
+# position of the row's first block (a new or resumed row's blocks are the whole table, a cached
+# row's are appended after the blocks since the last reset). One branch per group index (a list
+# is indexed by a literal, which each engine's dialect numbers its own way); rows without blocks
+# that reset a table are kept, with NULL ids.
+GROUP_GRANTS_SQL = """
+CREATE VIEW group_grants AS
+WITH per_group AS (
+    {branches}
+),
+segmented AS (
+    SELECT engine, req_id, step, kind, grp, num_computed_tokens, num_scheduled_tokens, ids,
+           CASE WHEN ids IS NULL THEN 0 ELSE CARDINALITY(ids) END AS n,
+           SUM(CASE WHEN kind IN ('new', 'resumed') THEN 1 ELSE 0 END) OVER (
+               PARTITION BY engine, req_id, grp ORDER BY step
+               ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS segment
+    FROM per_group
+)
+SELECT engine, req_id, step, kind, grp, num_computed_tokens, num_scheduled_tokens, ids,
+       COALESCE(SUM(n) OVER (PARTITION BY engine, req_id, grp, segment ORDER BY step
+                             ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS start
+FROM segmented
+"""
+
+_GROUP_BRANCH = """SELECT engine, req_id, step, kind, {k} AS grp, num_computed_tokens,
+           num_scheduled_tokens, group_ids[{i}] AS ids
+    FROM grants
+    WHERE kind IS NOT NULL AND group_ids IS NOT NULL AND CARDINALITY(group_ids) > {k}
+    UNION ALL
+    SELECT engine, req_id, step, kind, {k} AS grp, num_computed_tokens, num_scheduled_tokens,
+           CAST(NULL AS INTEGER[]) AS ids
+    FROM grants
+    WHERE kind IN ('new', 'resumed') AND group_ids IS NULL"""
+
+
+def group_grants_sql(groups: int = 1) -> str:
+    """GROUP_GRANTS_SQL for traces of up to `groups` KV cache groups."""
+    branches = "\n    UNION ALL\n    ".join(_GROUP_BRANCH.format(i=k + 1, k=k)
+                                            for k in range(max(1, groups)))
+    return GROUP_GRANTS_SQL.format(branches=branches)
+
+
+# Groups whose blocks are freed while their request runs (sliding window, chunked local
+# attention, Mamba: `kv_groups` rows with a release rule): for each block such a group was
+# handed, the step its request's window left it behind, when vLLM's remove_skipped_blocks
+# freed it for others (core/kv_groups.py). A position is freed at the first later step in which
+# its request is scheduled with enough computed tokens. Empty where no engine has such groups.
+WINDOW_RELEASES_SQL = """
+CREATE VIEW window_releases AS
+WITH rules AS (
+    -- groups with the same rule free the same positions: each distinct rule is walked once
+    SELECT engine, block_size, release_offset, release_chunk,
+           CAST(DENSE_RANK() OVER (PARTITION BY engine
+                                   ORDER BY block_size, release_offset, release_chunk)
+                AS BIGINT) AS rule
+    FROM (SELECT DISTINCT engine, block_size, release_offset, release_chunk
+          FROM kv_groups WHERE release_chunk IS NOT NULL AND block_size > 0) d
+),
+wgroups AS (
+    SELECT g.engine, g.grp, r.rule
+    FROM kv_groups g
+    JOIN rules r ON r.engine = g.engine AND r.block_size = g.block_size
+         AND r.release_offset = g.release_offset AND r.release_chunk = g.release_chunk
+),
+freed AS (
+    -- every listed row of an engine with such groups: the leading positions freed by then
+    SELECT s.engine, s.req_id, s.step, s.kind, r.rule,
+           (GREATEST(s.num_computed_tokens - r.release_offset, 0) // r.release_chunk
+            * r.release_chunk) // r.block_size AS n
+    FROM scheduled s
+    JOIN rules r ON r.engine = s.engine
+    WHERE s.kind IS NOT NULL
+),
+lagged AS (
+    SELECT engine, req_id, step, rule, n,
+           CASE WHEN kind IN ('new', 'resumed') THEN 0
+                ELSE COALESCE(LAG(n) OVER (PARTITION BY engine, req_id, rule ORDER BY step), 0)
+           END AS lo
+    FROM freed
+),
+events AS (
+    SELECT engine, req_id, rule, step, UNNEST(range(lo, n)) AS tpos
+    FROM lagged
+    WHERE n > lo
+),
+blocks_ AS (
+    SELECT engine, req_id, step, grp, rule, block_id,
+           start + ARRAY_POSITION(ids, block_id) - 1 AS tpos
+    FROM (SELECT g.engine, g.req_id, g.step, g.grp, w.rule, g.ids, g.start,
+                 UNNEST(g.ids) AS block_id
+          FROM group_grants g
+          JOIN wgroups w ON w.engine = g.engine AND w.grp = g.grp
+          WHERE g.ids IS NOT NULL) u
+    WHERE block_id <> 0
+)
+SELECT b.engine, b.req_id, b.step, b.grp, b.block_id, b.tpos, MIN(e.step) AS release_step
+FROM blocks_ b
+JOIN events e ON e.engine = b.engine AND e.req_id = b.req_id AND e.rule = b.rule
+     AND e.tpos = b.tpos AND e.step > b.step
+GROUP BY b.engine, b.req_id, b.step, b.grp, b.block_id, b.tpos
+"""
+
 
 # The rows with draft tokens (none at all without speculative decoding): the draft checks read
 # these instead of each reading every row's list.
@@ -391,25 +542,31 @@ def per_engine(select: str, engines: list[str], col: str = "engine",
                                                by="") for e in literals)
 
 
-def derived_sql(engines: list[str], split: bool | None = None) -> tuple[str, ...]:
+def derived_sql(engines: list[str], split: bool | None = None,
+                groups: int = 1) -> tuple[str, ...]:
     """The derived views' SQL for a trace of these engines, in creation order (each reads only
     the ones before it); `split`: see per_engine. The catalog reads them, so they are held to
     its portability rules too (tests transpile them to Spark SQL)."""
-    return (REQ_KEYS_SQL.format(ids=per_engine(REQ_KEYS_PASS, engines, split=split)),
+    views = (REQ_KEYS_SQL.format(ids=per_engine(REQ_KEYS_PASS, engines, split=split)),
             "CREATE VIEW step_totals AS " + per_engine(STEP_TOTALS_PASS, engines, "s.engine",
                                                        split),
-            GRANTS_SQL, INSTANCES_SQL, DRAFTS_SQL, LIFELINE_SQL,
+            GRANTS_SQL, group_grants_sql(groups), WINDOW_RELEASES_SQL, INSTANCES_SQL,
+            DRAFTS_SQL, LIFELINE_SQL,
             RUN_GROUPS_SQL.format(groups=per_engine(RUN_GROUPS_PASS, engines, split=split)),
             WINDOWED_RUNS_SQL, RUNS_SQL, RUN_IDS_SQL)
+    return tuple(v.replace("__BLOCKS_S__", blocks_expr("s.new_block_ids", groups))
+                 .replace("__BLOCKS__", blocks_expr("new_block_ids", groups)) for v in views)
 
 
 _CREATE = re.compile(r"\s*CREATE VIEW (\w+) AS\s")
 
 
-def derived_views(engines: list[str], split: bool | None = None) -> dict[str, str]:
-    """derived_sql as name -> the SELECT that makes the view, in creation order."""
+def derived_views(engines: list[str], split: bool | None = None,
+                  groups: int = 1) -> dict[str, str]:
+    """derived_sql as name -> the SELECT that makes the view, in creation order; `groups`: the
+    most KV cache groups an engine has (group_count)."""
     out = {}
-    for sql in derived_sql(engines, split):
+    for sql in derived_sql(engines, split, groups):
         m = _CREATE.match(sql)
         out[m.group(1)] = sql[m.end():]
     return out
@@ -419,8 +576,8 @@ def derived_views(engines: list[str], split: bool | None = None) -> dict[str, st
 # (Gateway.materialize) before the first check that reads them, directly or through another
 # view (deps.stored_before). `runs` itself stays a view: each check reads only its own columns
 # of it.
-STORED = frozenset({"step_totals", "grants", "drafts", "instances", "run_groups",
-                    "windowed_runs", "run_ids"})
+STORED = frozenset({"step_totals", "grants", "group_grants", "window_releases", "drafts",
+                    "instances", "run_groups", "windowed_runs", "run_ids"})
 
 VIEW_DOCS = {
     **{name: doc for name, (doc, _) in schema.TABLES.items()},
@@ -440,7 +597,22 @@ VIEW_DOCS = {
     "grants": "The `scheduled` rows that hand out blocks or reset a request's block table (new "
               "or resumed): engine, step, req_id, kind, pos, num_computed_tokens, "
               "num_scheduled_tokens, blocks (blocks added to each KV cache group's table), "
-              "block_ids (every group's new block ids in one list).",
+              "block_ids (every group's new block ids in one list), group_ids (one list per "
+              "group, as recorded).",
+    "kv_groups": "One row per KV cache group of an engine (from its manifest): engine, grp "
+                 "(its index in new_block_ids), kind (full, sliding_window, chunked_local, mamba, "
+                 "cross, encoder_only, other), spec (vLLM's class), block_size, release_offset and "
+                 "release_chunk (for groups that free blocks while their request runs: a table's "
+                 "first ((computed - offset) // chunk * chunk) // block_size positions are freed; "
+                 "NULL for groups that hold every block to the end).",
+    "group_grants": "The `grants` rows one per KV cache group: engine, req_id, step, kind, grp, "
+                    "num_computed_tokens, num_scheduled_tokens, ids (the group's new block ids, "
+                    "the null block 0 included), start (the table position of the first of "
+                    "them: 0 for a new or resumed row, whose ids are the whole table).",
+    "window_releases": "One row per block a sliding-window, chunked-local or Mamba group handed "
+                       "out that its request's window later left behind: engine, req_id, step "
+                       "(when it was handed out), grp, block_id, tpos (its position in the "
+                       "group's table), release_step (the step whose allocation freed it).",
     "drafts": "The `scheduled` rows with draft tokens: engine, step, req_id, kind, "
               "num_scheduled_tokens, spec_token_ids.",
     "instances": "One row per request instance: inst (an integer key), engine, req_id, intro_step, "

@@ -81,7 +81,10 @@ def test_shared_views_are_computed_once_and_shown_in_the_progress(tiny_model, tm
     shared = [(n, name.split()[-1].rstrip(")")) for n, name in calls
               if "computing the shared view" in name]
     # each view, and the views that read it: computed once, before the first check needing any
-    readers_of = {"step_totals": {"step_totals"}, "grants": {"grants"},
+    readers_of = {"step_totals": {"step_totals"},
+                  "grants": {"grants", "group_grants", "window_releases"},
+                  "group_grants": {"group_grants", "window_releases"},
+                  "window_releases": {"window_releases"},
                   "drafts": {"drafts", "run_groups", "windowed_runs", "run_ids", "runs"},
                   "instances": {"instances", "run_groups", "windowed_runs", "run_ids", "runs"},
                   "run_groups": {"run_groups", "windowed_runs", "run_ids", "runs"},

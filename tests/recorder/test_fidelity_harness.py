@@ -43,8 +43,39 @@ def _rows(engine, table):
     return engine.read(table).to_pylist()
 
 
+def _window_block_handed_on(engine) -> bool:
+    """A block of KV cache group 0 granted to one request and later to another while the first
+    is still scheduled: freed behind its window (or its Mamba state) while it runs."""
+    first: dict[int, str] = {}
+    last_step: dict[str, int] = {}
+    handed = []
+    for r in _rows(engine, "scheduled"):
+        last_step[r["req_id"]] = max(last_step.get(r["req_id"], -1), r["step"])
+    for r in sorted(_rows(engine, "scheduled"), key=lambda r: r["step"]):
+        for b in (r["new_block_ids"] or [[]])[0]:
+            holder = first.get(b)
+            if b and holder is not None and holder != r["req_id"]:
+                handed.append((holder, r["step"]))
+            if b:
+                first[b] = r["req_id"]
+    return any(last_step[holder] > step for holder, step in handed)
+
+
+def _groups(engine) -> list[str]:
+    return [g["kind"] for g in engine.manifest["engine"]["kv_cache_groups"]]
+
+
 # What each scenario promises in docs/scenarios.md, checked on its trace.
 SHOWS = {
+    "hybrid_sliding": lambda e: _groups(e) == ["sliding_window", "full"]
+        and _window_block_handed_on(e),
+    "hybrid_mamba": lambda e: _groups(e) == ["mamba", "full"] and _window_block_handed_on(e)
+        and any(r["kind"] == "new" and r["num_computed_tokens"] > 0 and 0 in r["new_block_ids"][0]
+                for r in _rows(e, "scheduled"))
+        and any(s["new_block_ids_to_zero"] for s in _rows(e, "steps")),
+    "hybrid_mamba_plain": lambda e: _groups(e) == ["mamba", "full"] and all(
+        len(r["new_block_ids"][0]) == (1 if r["kind"] in ("new", "resumed") else 0)
+        for r in _rows(e, "scheduled") if r["new_block_ids"]),
     "chunked_prefill": lambda e: any(
         r["kind"] == "new" and r["num_scheduled_tokens"] < 200 for r in _rows(e, "scheduled")),
     "prefix_cache": lambda e: any(

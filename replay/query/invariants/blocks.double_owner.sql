@@ -4,7 +4,7 @@
 -- why: Two requests writing KV into one block corrupt each other's attention: silently wrong
 --      tokens, no error anywhere.
 -- relies_on: vllm/v1/core/block_pool.py BlockPool; vllm/v1/core/kv_cache_manager.py allocate_slots
--- needs: scheduled, grants, preempted, finish_events, engines
+-- needs: scheduled, grants, window_releases, kv_groups, preempted, finish_events, engines
 -- columns: engine, step, req_id, details
 -- note: prefix-cache sharing is allowed: a new or resumed request may share as many blocks as
 --       its num_computed_tokens covers, also blocks a request admitted before it fills in the
@@ -12,13 +12,20 @@
 --       of a resumed and a new request within one step is unknown, so such pairs are not
 --       compared).
 --       A holder keeps a block until it is preempted (its blocks may go to others in that very
---       step) or until the step after its finish event.
+--       step) or until the step after its finish event; in a sliding-window, chunked-local or
+--       Mamba group, until its window leaves the block behind (`window_releases`: vLLM frees
+--       it in the request's next allocation and may hand it to others in that step). The
+--       null block (0), which such groups repeat, is nobody's. With several KV cache groups a
+--       request may share each group's prefix-hit blocks: num_computed_tokens // block size
+--       of each group.
 WITH acq AS (
     -- each block handed out, with no more columns than finding the blocks that ever had two
     -- holders needs (the others are fetched for those blocks alone)
-    SELECT engine, step, req_id, UNNEST(block_ids) AS block_id
-    FROM grants
-    WHERE kind IS NOT NULL
+    SELECT engine, step, req_id, block_id
+    FROM (SELECT engine, step, req_id, UNNEST(block_ids) AS block_id
+          FROM grants
+          WHERE kind IS NOT NULL) u
+    WHERE block_id <> 0
 ),
 release_ AS (
     SELECT engine, req_id, step AS end_step FROM preempted
@@ -42,7 +49,7 @@ id_ends AS (
          AND r.end_step > p.first_step
     GROUP BY p.engine, p.req_id
 ),
-holds AS (
+holds_ AS (
     SELECT a.engine, a.req_id, a.step, a.block_id, e.end_step
     FROM acq a
     JOIN id_ends e ON e.engine = a.engine AND e.req_id = a.req_id
@@ -54,6 +61,16 @@ holds AS (
     LEFT JOIN release_ r ON r.engine = a.engine AND r.req_id = a.req_id AND r.end_step > a.step
     WHERE e.inside > 0
     GROUP BY a.engine, a.req_id, a.step, a.block_id
+),
+holds AS (
+    -- a window group's block is held until its window passes it, if that comes first
+    SELECT h.engine, h.req_id, h.step, h.block_id,
+           CASE WHEN w.release_step IS NOT NULL
+                     AND (h.end_step IS NULL OR w.release_step < h.end_step)
+                THEN w.release_step ELSE h.end_step END AS end_step
+    FROM holds_ h
+    LEFT JOIN window_releases w ON w.engine = h.engine AND w.req_id = h.req_id
+         AND w.step = h.step AND w.block_id = h.block_id
 ),
 lagged AS (
     -- a block whose acquisitions, in step order, each start at or after the previous one's end
@@ -104,11 +121,25 @@ shared AS (
     FROM taken
     GROUP BY engine, step, req_id, kind, num_computed_tokens
 ),
+group_sizes AS (
+    -- each engine's groups' block sizes; one group of the engine's block size where the
+    -- manifest names none
+    SELECT engine, block_size FROM kv_groups WHERE block_size > 0
+    UNION ALL
+    SELECT e.engine, e.block_size
+    FROM engines e
+    WHERE e.block_size > 0 AND NOT EXISTS (SELECT 1 FROM kv_groups g WHERE g.engine = e.engine)
+),
+allowed AS (
+    SELECT s.engine, s.step, s.req_id, s.kind, s.n_shared, s.block_id,
+           SUM(s.num_computed_tokens // z.block_size) AS prefix_blocks
+    FROM shared s JOIN group_sizes z ON z.engine = s.engine
+    GROUP BY s.engine, s.step, s.req_id, s.kind, s.n_shared, s.block_id
+),
 flagged AS (
-    SELECT s.engine, s.step, s.req_id, s.n_shared, s.block_id,
-           CAST(FLOOR(s.num_computed_tokens / e.block_size) AS BIGINT) AS prefix_blocks
-    FROM shared s JOIN engines e ON e.engine = s.engine
-    WHERE s.kind = 'cached' OR s.n_shared > FLOOR(s.num_computed_tokens / e.block_size)
+    SELECT engine, step, req_id, n_shared, block_id, prefix_blocks
+    FROM allowed
+    WHERE kind = 'cached' OR n_shared > prefix_blocks
 ),
 holder AS (
     -- who holds it, named only for what is reported

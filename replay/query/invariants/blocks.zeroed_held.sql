@@ -7,7 +7,7 @@
 -- relies_on: vllm/v1/worker/gpu_model_runner.py GPUModelRunner._update_states / _zero_block_ids;
 --      vllm/v1/core/single_type_kv_cache_manager.py SingleTypeKVCacheManager.allocate_new_blocks;
 --      vllm/v1/core/kv_cache_manager.py KVCacheManager.take_new_block_ids
--- needs: steps, scheduled, grants, preempted, finish_events
+-- needs: steps, scheduled, grants, window_releases, preempted, finish_events
 -- columns: engine, step, req_id, details
 -- note: the scheduler lists a block when get_new_blocks takes it off the free queue (no holder
 --       left), and drains the list once per schedule(): prefix-cache hits are never listed, so
@@ -19,7 +19,10 @@
 --       preemption or the step after its finish event. Block 0 is the null block
 --       (BlockPool.null_block), whose KV is meant to be zeros: not compared. A waiting request
 --       whose connector load failed has its blocks listed again (record_blocks_for_zeroing);
---       no grant shows it holding them before it is scheduled, so that is not reported.
+--       no grant shows it holding them before it is scheduled, so that is not reported. A
+--       sliding-window, chunked-local or Mamba group's block is held until its window passes
+--       it (`window_releases`), as in blocks.double_owner: a Mamba group's new state block is
+--       zeroed, and is often one another request's window has just left behind.
 WITH zeroed AS (
     SELECT DISTINCT engine, step, block_id
     FROM (SELECT engine, step, UNNEST(new_block_ids_to_zero) AS block_id
@@ -59,7 +62,7 @@ id_ends AS (
          AND r.end_step > p.first_step
     GROUP BY p.engine, p.req_id
 ),
-holds AS (
+holds_ AS (
     SELECT a.engine, a.req_id, a.step, a.block_id, e.end_step
     FROM acq a
     JOIN id_ends e ON e.engine = a.engine AND e.req_id = a.req_id
@@ -71,6 +74,15 @@ holds AS (
     LEFT JOIN release_ r ON r.engine = a.engine AND r.req_id = a.req_id AND r.end_step > a.step
     WHERE e.inside > 0
     GROUP BY a.engine, a.req_id, a.step, a.block_id
+),
+holds AS (
+    SELECT h.engine, h.req_id, h.step, h.block_id,
+           CASE WHEN w.release_step IS NOT NULL
+                     AND (h.end_step IS NULL OR w.release_step < h.end_step)
+                THEN w.release_step ELSE h.end_step END AS end_step
+    FROM holds_ h
+    LEFT JOIN window_releases w ON w.engine = h.engine AND w.req_id = h.req_id
+         AND w.step = h.step AND w.block_id = h.block_id
 ),
 events AS (
     SELECT engine, block_id, step, COALESCE(end_step, 9223372036854775807) AS end_step,

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from vllm_contract.findings import Finding
 from vllm_contract.kinds import KINDS
+from vllm_contract.kv_groups import release_rule
 from vllm_contract.replay.worker.shadow.columns import CACHED, Columns
 from vllm_contract.replay.worker.shadow.state import Req, State
 
@@ -59,6 +60,15 @@ class WorkerModel:
         self.engine = engine.name
         m = self.manifest = engine.manifest
         self.block_size = (m.get("engine") or {}).get("block_size")
+        # the groups whose blocks are freed while their request runs (sliding window, chunked
+        # local, Mamba), by index: a holder there lets a block go once its window passed it
+        groups = (m.get("engine") or {}).get("kv_cache_groups") or []
+        self._windows = {g: r for g, r in ((g, release_rule(grp)) for g, grp in enumerate(groups))
+                         if r is not None}
+        if groups and all(grp.get("block_size") for grp in groups):
+            # prefix hits are counted per group, each at its own block size
+            self.block_size = min(grp["block_size"] for grp in groups)
+        self._now: tuple[int, dict[str, int]] = (-1, {})
         self.mid_stream = bool(m.get("attached_mid_stream"))
         self.strict_order = strict_order
         cols = self.columns = Columns(engine)
@@ -354,6 +364,9 @@ class WorkerModel:
                     held = holders.get((g, b))
                     if not held or (len(held) == 1 and rid in held):
                         continue
+                    if g in self._windows:
+                        for h in [h for h in held if h != rid and self._passed(h, g, b)]:
+                            held.discard(h)
                     others = {h for h in held if h != rid
                               and not ({kind, this_step.get(h)} == {"new", "resumed"})}
                     if others:
@@ -369,6 +382,30 @@ class WorkerModel:
                                  f"{example[1]}; prefix hits cover {allowed}")
             self._hold(rid, blocks)
             this_step[rid] = kind
+
+    def _passed(self, rid: str, g: int, b: int) -> bool:
+        """Whether holder `rid`'s window in group `g` has left block `b` behind: vLLM freed it
+        in the request's allocation of its latest scheduled step (this one included), so it may
+        go to another request (core/kv_groups.py). Asked only when `b` has another taker."""
+        req = self.s.requests.get(rid)
+        table = req.blocks[g] if req is not None and g < len(req.blocks) else None
+        if not table or b not in table:
+            return False
+        pos = len(table) - 1 - table[::-1].index(b)  # a block given again sits further on
+        return self._windows[g].freed(self._computed_now(rid, req)) > pos
+
+    def _computed_now(self, rid: str, req: Req) -> int:
+        """`rid`'s computed tokens at the current step: its row there, else what the worker
+        holds (a run of fast steps leaves a scheduled request's count unwritten, never an
+        unscheduled one's)."""
+        pos = self.s.pos
+        if self._now[0] != pos:
+            rows = self._sc.rows(pos, self._ids.ids)
+            self._now = (pos, {r: c for r, c, n in zip(rows["req_id"],
+                                                       rows["num_computed_tokens"],
+                                                       rows["num_scheduled_tokens"])
+                               if c is not None and n is not None})
+        return self._now[1].get(rid, req.num_computed or 0)
 
     def _encoder(self, step: int, sc: dict, enc_rows: list[int], nst: dict[str, int]) -> None:
         """Encoder outputs computed this step are cached; then every scheduled request reads

@@ -59,10 +59,10 @@ def test_out_of_range_same_grant_fits_the_default_cache(tmp_path):
 # --- blocks.double_owner ------------------------------------------------------------------------
 
 def _second_request_shares_block(tmp_path, b_computed, b_blocks):
-    # a: 7 prompt tokens in blocks 0 (full) and 1 (3 of 4 slots), then decoding; b arrives at
-    # step 1 with an 8-token prompt
+    # a: 7 prompt tokens in blocks 1 (full) and 2 (3 of 4 slots), then decoding; b arrives at
+    # step 1 with an 8-token prompt (block 0 is vLLM's null block, never handed out)
     write(tmp_path, 2,
-          [new(0, "a", 0, 7, [0, 1]),
+          [new(0, "a", 0, 7, [1, 2]),
            cached(1, "a", 7, 1), new(1, "b", b_computed, 8 - b_computed, b_blocks)],
           requests=[intro(0, "a", 7), intro(1, "b", 8)])
 
@@ -70,22 +70,22 @@ def _second_request_shares_block(tmp_path, b_computed, b_blocks):
 def test_double_owner_new_request_takes_a_live_block(tmp_path):
     """A new request with no prefix hit is handed block 1 while the running request that was
     given it still holds it: two requests would write KV into one block."""
-    _second_request_shares_block(tmp_path, b_computed=0, b_blocks=[1, 2])
+    _second_request_shares_block(tmp_path, b_computed=0, b_blocks=[2, 3])
     assert tt.found(tmp_path, "blocks.double_owner") == [
-        (1, "b", "1 block(s) (e.g. 1) still held by a; prefix hits cover 0")]
+        (1, "b", "1 block(s) (e.g. 2) still held by a; prefix hits cover 0")]
 
 
 def test_double_owner_prefix_hit_shares_a_full_block(tmp_path):
     """Near miss: prefix caching. The new request's first 4 tokens are a hit on a's full
-    block 0 (num_computed_tokens 4 covers one block), so sharing that one block is legal."""
-    _second_request_shares_block(tmp_path, b_computed=4, b_blocks=[0, 2])
+    block 1 (num_computed_tokens 4 covers one block), so sharing that one block is legal."""
+    _second_request_shares_block(tmp_path, b_computed=4, b_blocks=[1, 3])
     assert tt.found(tmp_path, "blocks.double_owner") == []
 
 
 def _reuse_after_finish(tmp_path, b_step):
     # a finishes in step 1's update (delivered in step 2); b is handed both of a's blocks
     write(tmp_path, 3,
-          [new(0, "a", 0, 7, [0, 1]), cached(1, "a", 7, 1), new(b_step, "b", 0, 8, [0, 1])],
+          [new(0, "a", 0, 7, [1, 2]), cached(1, "a", 7, 1), new(b_step, "b", 0, 8, [1, 2])],
           requests=[intro(0, "a", 7), intro(b_step, "b", 8)],
           finish_events=[{"step": 1, "req_id": "a", "reason": "LENGTH",
                           "source": "update_from_output", "t_ns": 1500}],
@@ -97,7 +97,7 @@ def test_double_owner_blocks_reused_in_the_finishing_step(tmp_path):
     to another request in step 1 itself gives them two holders for that step."""
     _reuse_after_finish(tmp_path, b_step=1)
     assert tt.found(tmp_path, "blocks.double_owner") == [
-        (1, "b", "2 block(s) (e.g. 0) still held by a; prefix hits cover 0")]
+        (1, "b", "2 block(s) (e.g. 1) still held by a; prefix hits cover 0")]
 
 
 def test_double_owner_blocks_reused_after_finish(tmp_path):
@@ -110,7 +110,7 @@ def test_double_owner_blocks_reused_after_finish(tmp_path):
 def test_double_owner_blocks_of_a_preempted_request(tmp_path):
     """A request preempted in step 1 gives its blocks up in that very step's schedule(): the
     request admitted in its place may take them at once."""
-    write(tmp_path, 2, [new(0, "a", 0, 7, [0, 1]), new(1, "b", 0, 8, [0, 1])],
+    write(tmp_path, 2, [new(0, "a", 0, 7, [1, 2]), new(1, "b", 0, 8, [1, 2])],
           requests=[intro(0, "a", 7), intro(1, "b", 8)],
           preempted=[{"step": 1, "req_id": "a"}])
     assert tt.found(tmp_path, "blocks.double_owner") == []
@@ -120,11 +120,11 @@ def test_double_owner_running_request_appends_a_held_block(tmp_path):
     """A running (cached) request crosses into a new block and is given one another request
     holds: prefix hits never excuse a block appended to a running request."""
     write(tmp_path, 2,
-          [new(0, "a", 0, 7, [0, 1]), new(0, "b", 0, 4, [2], pos=1),
-           cached(1, "a", 7, 1), cached(1, "b", 4, 1, [1], pos=1)],
+          [new(0, "a", 0, 7, [1, 2]), new(0, "b", 0, 4, [3], pos=1),
+           cached(1, "a", 7, 1), cached(1, "b", 4, 1, [2], pos=1)],
           requests=[intro(0, "a", 7), intro(0, "b", 4, pos=1)])
     assert tt.found(tmp_path, "blocks.double_owner") == [
-        (1, "b", "1 block(s) (e.g. 1) still held by a; prefix hits cover 1")]
+        (1, "b", "1 block(s) (e.g. 2) still held by a; prefix hits cover 1")]
 
 
 # --- blocks.table_short -------------------------------------------------------------------------
