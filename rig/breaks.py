@@ -514,6 +514,113 @@ def drop_pipeline_token_list() -> Callable:
     return mutate
 
 
+# --- hybrid engines: several KV cache groups (rig's hybrid_* scenarios) ---
+
+def _group_tables(so, tables: dict, g: int) -> None:
+    """_follow_tables for KV cache group `g`."""
+    for r in so.scheduled_new_reqs:
+        tables[r.req_id] = list(r.block_ids[g])
+    cached = so.scheduled_cached_reqs
+    for rid, nb in zip(cached.req_ids, cached.new_block_ids):
+        if rid in cached.resumed_req_ids:
+            tables[rid] = list(nb[g]) if nb else []
+        elif nb:
+            tables.setdefault(rid, []).extend(nb[g])
+    for rid in set(getattr(so, "preempted_req_ids", None) or ()) | set(so.finished_req_ids):
+        tables.pop(rid, None)
+
+
+def hand_out_window_block(group: int = 0) -> Callable:
+    """On a sliding-window group (hybrid_sliding): the first new request without a prefix hit,
+    admitted while another request runs, is given, as its last block of the window group, the
+    newest block of a running request's table there, which that request's window still covers
+    (a window block freed too early and handed on: vllm's SWA-freeing bugs). Returns
+    (step, req_id)."""
+    tables: dict[str, list[int]] = {}
+    done = []
+
+    def mutate(so, step):
+        hit = None
+        running = [rid for rid in so.scheduled_cached_reqs.req_ids
+                   if rid not in so.scheduled_cached_reqs.resumed_req_ids
+                   and any(tables.get(rid, ()))]
+        for r in so.scheduled_new_reqs:
+            if not done and running and r.num_computed_tokens == 0 and r.block_ids[group]:
+                victim = running[0]
+                r.block_ids[group][-1] = [b for b in tables[victim] if b][-1]
+                done.append(r.req_id)
+                hit = step, r.req_id
+                break
+        _group_tables(so, tables, group)
+        return hit
+
+    return mutate
+
+
+def share_mamba_state(group: int = 0) -> Callable:
+    """On a Mamba group (hybrid_mamba): the first new request without a prefix hit, admitted
+    while another request runs, is given that request's current state block as its own state
+    block: two requests' recurrent states in one block (vllm#53142's kind of state-block mixup).
+    Returns (step, req_id)."""
+    tables: dict[str, list[int]] = {}
+    done = []
+
+    def mutate(so, step):
+        hit = None
+        running = [rid for rid in so.scheduled_cached_reqs.req_ids
+                   if rid not in so.scheduled_cached_reqs.resumed_req_ids
+                   and any(tables.get(rid, ()))]
+        for r in so.scheduled_new_reqs:
+            if not done and running and r.num_computed_tokens == 0 and r.block_ids[group]:
+                r.block_ids[group][-1] = [b for b in tables[running[0]] if b][-1]
+                done.append(r.req_id)
+                hit = step, r.req_id
+                break
+        _group_tables(so, tables, group)
+        return hit
+
+    return mutate
+
+
+def null_block_in_table(group: int = 0) -> Callable:
+    """The first running request given new blocks in group `group` gets the null block (0)
+    in place of the last of them: on a sliding-window group its newest tokens' KV, on a Mamba
+    group the state its step writes, go to the placeholder every table shares. Returns
+    (step, req_id)."""
+    done = []
+
+    def mutate(so, step):
+        cached = so.scheduled_cached_reqs
+        for rid, nb in zip(cached.req_ids, cached.new_block_ids):
+            if not done and nb and nb[group] and nb[group][-1] and rid not in cached.resumed_req_ids:
+                nb[group][-1] = 0
+                done.append(rid)
+                return step, rid
+        return None
+
+    return mutate
+
+
+def drop_mamba_hit(group: int = 0) -> Callable:
+    """The first new request with a prefix hit keeps its num_computed_tokens but loses the hit
+    in its Mamba group: the hit state block becomes the null block (vllm#43090: a scalar
+    computed count while the Mamba group missed the hit). Returns (step, req_id)."""
+    done = []
+
+    def mutate(so, step):
+        for r in so.scheduled_new_reqs:
+            ids = r.block_ids[group]
+            if not done and r.num_computed_tokens > 0 and ids and any(ids[:-1]):
+                # in "align" mode the table's first real block is the hit's state (nulls pad
+                # it before, the new state and a prefill checkpoint come after)
+                ids[min(i for i, b in enumerate(ids) if b)] = 0
+                done.append(r.req_id)
+                return step, r.req_id
+        return None
+
+    return mutate
+
+
 BREAKS = {
     "broken-leak": ("preemption", drop_finished_once,
                     "finished.leaked: one step's finished_req_ids dropped"),
