@@ -3,7 +3,12 @@ no model weights, no worker. vLLM is imported inside functions only (the layerin
 
 from __future__ import annotations
 
+import collections.abc
+import dataclasses
 import importlib
+import sys
+import types
+import typing
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -25,9 +30,11 @@ SETTINGS = ("model", "dtype", "max_model_len", "seed", "block_size", "enable_pre
             "policy", *APPLIED)
 # vLLM's names for a setting the manifest keeps under another (cache_config.num_gpu_blocks)
 ALIASES = {"num_gpu_blocks": "num_kv_blocks", "enable_chunked_prefill": "chunked_prefill"}
-# the KV cache group specs a re-run builds: their block managers need only the block size and
-# the window; the others hold state (Mamba) or layouts (MLA, sparse) the manifest does not keep
-GROUP_SPECS = ("FullAttentionSpec", "SlidingWindowSpec", "ChunkedLocalAttentionSpec")
+# A KV cache group's required spec fields that an older manifest does not record: harmless
+# values (the scheduler's block managers never read head shapes or state shapes; the worker,
+# which does, is not built). The block size defaults to the engine's.
+SPEC_DEFAULTS = {"num_kv_heads": 1, "head_size": 16, "dtype": "float32", "shapes": [[1]],
+                 "dtypes": ["float32"]}
 
 
 @dataclass
@@ -65,9 +72,7 @@ def settings_of(engine, overrides: dict | None) -> dict:
                          "requests' priorities and arrival times are not in a trace of this "
                          "format (no input log), so a re-run cannot order the queue as it was")
     for i, g in enumerate(e.get("kv_cache_groups") or []):
-        if g.get("spec") not in GROUP_SPECS:
-            raise TraceError(f"KV cache group {i} of the trace is a {g.get('spec')}: resim "
-                             f"builds {', '.join(GROUP_SPECS)} groups only")
+        spec_class(i, g)
     spec = e.get("speculative")
     if spec and spec.get("method") != "ngram":
         raise TraceError(f"the trace was recorded with speculative method {spec.get('method')}: "
@@ -149,27 +154,177 @@ def _engine_args(e: dict, structured: bool) -> tuple[Any, list[str]]:
     return args, unrecorded
 
 
-def _kv_config(e: dict, vc: Any) -> Any:
-    """The recorded KV cache groups, or for an older manifest one full-attention group; no
-    head shapes (the scheduler never reads them) and no tensors (no worker)."""
+def spec_class(i: int, g: dict) -> type:
+    """The installed vLLM's KV cache spec class that group `i` of the manifest names, else a
+    one-line refusal."""
+    from vllm.v1 import kv_cache_interface as kvi
+
+    name = g.get("spec")
+    cls = getattr(kvi, str(name), None) if name else None
+    if not (isinstance(cls, type) and issubclass(cls, kvi.KVCacheSpec)
+            and dataclasses.is_dataclass(cls)):
+        why = ("the manifest names no spec class" if not name else
+               f"the installed vLLM has no KV cache spec class {name}")
+        raise TraceError(f"KV cache group {i} of the trace cannot be rebuilt: {why}")
+    return cls
+
+
+def _annotations(cls: type) -> dict[str, Any]:
+    """Each dataclass field's type, evaluated in the module that declares it; a union whose
+    members are not all importable (names imported for type checking only) keeps those that
+    are, and an annotation that cannot be read at all is None."""
+    out: dict[str, Any] = {}
+    for klass in reversed(cls.__mro__):
+        module = sys.modules.get(klass.__module__)
+        ns = dict(vars(module)) if module else {}
+        for name, ann in (klass.__dict__.get("__annotations__") or {}).items():
+            if isinstance(ann, str):
+                ann = _evaluated(ann, ns)
+            out[name] = ann
+    return out
+
+
+def _evaluated(text: str, ns: dict) -> Any:
+    try:
+        return eval(text, ns)  # noqa: S307 (a vLLM class's own annotation)
+    except Exception:
+        pass
+    parts = [p.strip() for p in text.split("|")] if "[" not in text else []
+    types_ = []
+    for p in parts:
+        try:
+            types_.append(eval(p, ns))  # noqa: S307
+        except Exception:
+            continue
+    return typing.Union[tuple(types_)] if len(types_) > 1 else (types_[0] if types_ else None)
+
+
+def _decoded(value: Any, tp: Any, name: str) -> Any:
+    """A recorded spec field (recorder/engine_info.py, _field_value: a dtype or an enum by
+    name, shapes as lists) as the field's type wants it; TypeError where it cannot be."""
+    import enum
+
     import torch
+
+    if value is None:
+        return None
+    if tp is None or tp is Any:  # an annotation not readable here: by the value's form
+        if isinstance(value, list):
+            return tuple(_decoded(v, None, name) for v in value)
+        if isinstance(value, str) and "dtype" in name:
+            dt = getattr(torch, value, None)
+            if isinstance(dt, torch.dtype):
+                return dt
+        return value
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _decoded(value, arg, name)
+            except (TypeError, ValueError, KeyError):
+                continue
+        raise TypeError(f"{name}={value!r} is none of {tp}")
+    if origin is typing.Literal:
+        if value in args:
+            return value
+        raise TypeError(f"{name}={value!r} is not one of {args}")
+    if origin is not None and isinstance(origin, type) and issubclass(
+            origin, collections.abc.Sequence) and not issubclass(origin, str):
+        if not isinstance(value, list):
+            raise TypeError(f"{name}={value!r} is not a sequence")
+        if len(args) == 2 and args[1] is Ellipsis:
+            items = [_decoded(v, args[0], name) for v in value]
+        elif args and len(args) == len(value):
+            items = [_decoded(v, a, name) for v, a in zip(value, args)]
+        else:
+            items = [_decoded(v, args[0] if args else None, name) for v in value]
+        return list(items) if origin is list else tuple(items)
+    if tp is torch.dtype:
+        dt = getattr(torch, str(value), None)
+        if not isinstance(dt, torch.dtype):
+            raise TypeError(f"{name}={value!r} is not a torch dtype")
+        return dt
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        if isinstance(value, str) and value in tp.__members__:
+            return tp[value]
+        return tp(value)  # ValueError where the installed enum has no such member
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise TypeError(f"{name}={value!r} is not a bool")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise TypeError(f"{name}={value!r} is not an int")
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise TypeError(f"{name}={value!r} is not a number")
+    if isinstance(tp, type):
+        if isinstance(value, tp):
+            return value
+        raise TypeError(f"{name}={value!r} is not a {tp.__name__}")
+    return value  # a typing construct this does not know: the value as recorded
+
+
+def _spec(i: int, g: dict, e: dict) -> Any:
+    """Group `i`'s spec, of the class the manifest names, from its recorded fields: the
+    fields the installed class lacks are left out, the required ones an older manifest lacks
+    take SPEC_DEFAULTS (or the engine's block size)."""
+    cls = spec_class(i, g)
+    kinds = _annotations(cls)
+    kw: dict[str, Any] = {}
+    try:
+        for f in dataclasses.fields(cls):
+            if not f.init:
+                continue
+            required = (f.default is dataclasses.MISSING
+                        and f.default_factory is dataclasses.MISSING)
+            if g.get(f.name) is not None:
+                value = g[f.name]
+            elif not required:
+                continue
+            elif f.name == "block_size" and e.get("block_size"):
+                value = int(e["block_size"])
+            elif f.name in SPEC_DEFAULTS:
+                value = SPEC_DEFAULTS[f.name]
+            else:
+                raise TraceError(f"KV cache group {i} of the trace ({g.get('spec')}) cannot be "
+                                 f"rebuilt: the manifest does not record its {f.name}")
+            kw[f.name] = _decoded(value, kinds.get(f.name), f.name)
+        return cls(**kw)
+    except TraceError:
+        raise
+    except Exception as ex:  # a recorded value the installed class refuses
+        raise TraceError(f"KV cache group {i} of the trace ({g.get('spec')}) cannot be "
+                         f"rebuilt: {type(ex).__name__}: {' '.join(str(ex).split())}"
+                         ) from None
+
+
+def mamba_cache_mode(e: dict) -> str | None:
+    """The recorded Mamba cache mode (cache_config's, else a Mamba group's); None where the
+    manifest records neither."""
+    if e.get("mamba_cache_mode"):
+        return str(e["mamba_cache_mode"])
+    for g in e.get("kv_cache_groups") or []:
+        if g.get("mamba_cache_mode"):
+            return str(g["mamba_cache_mode"])
+    return None
+
+
+def _kv_config(e: dict, vc: Any) -> Any:
+    """The recorded KV cache groups, each of its recorded spec class and fields (the head and
+    state shapes too), or for an older manifest one full-attention group; no tensors (no
+    worker)."""
     from vllm.v1 import kv_cache_interface as kvi
 
     recorded = e.get("kv_cache_groups") or [
         {"layers": 1, "spec": "FullAttentionSpec", "block_size": int(e["block_size"])}]
-    groups = []
-    for i, g in enumerate(recorded):
-        extra = {k: g[k] for k in ("sliding_window", "attention_chunk_size") if g.get(k)}
-        try:
-            if g.get("spec") not in GROUP_SPECS:
-                raise TypeError(f"resim builds {', '.join(GROUP_SPECS)} groups only")
-            spec = getattr(kvi, g["spec"])(block_size=int(g["block_size"]), num_kv_heads=1,
-                                           head_size=16, dtype=torch.float32, **extra)
-        except Exception as ex:  # a group the manifest describes short of what vLLM needs
-            raise TraceError(f"KV cache group {i} ({g.get('spec')}) cannot be built: "
-                             f"{type(ex).__name__}: {ex}") from None
-        groups.append(kvi.KVCacheGroupSpec(
-            [f"group{i}.layer{j}" for j in range(max(1, int(g.get("layers") or 1)))], spec))
+    groups = [kvi.KVCacheGroupSpec(
+        [f"group{i}.layer{j}" for j in range(max(1, int(g.get("layers") or 1)))], _spec(i, g, e))
+        for i, g in enumerate(recorded)]
     retention = (e["prefix_cache_retention_interval"] if "prefix_cache_retention_interval" in e
                  else getattr(vc.cache_config, "prefix_cache_retention_interval", None))
     return kvi.KVCacheConfig(num_blocks=int(e["num_kv_blocks"]), kv_cache_tensors=[],
@@ -213,6 +368,10 @@ def build(e: dict, cls: type, cls_name: str, structured: bool) -> Built:
     vc.cache_config.num_gpu_blocks = int(e["num_kv_blocks"])
     if e.get("policy"):  # refused without an input log (settings_of)
         vc.scheduler_config.policy = e["policy"]
+    if mode := mamba_cache_mode(e):
+        # Scheduler.__init__ reads it (block-aligned chunks for Mamba "align"); vLLM's config
+        # derives it from the model and prefix caching, the recording's engine may have set it
+        vc.cache_config.mamba_cache_mode = mode
     kv = _kv_config(e, vc)
     try:
         block_size, hash_block_size = resolve_kv_cache_block_sizes(kv, vc)

@@ -1,7 +1,8 @@
 """`resim` builds the scheduler with the settings the manifest records (issue 30 §1): a recording
 made with a non-default long_prefill_token_threshold re-runs identically, and diverges once the
-manifest forgets it (the setting decides); a recorded priority policy and a KV cache group type
-resim cannot build are refused in one line; recorded groups are built as recorded."""
+manifest forgets it (the setting decides); a recorded priority policy and a KV cache group the
+installed vLLM cannot build are refused in one line; recorded groups, Mamba ones too, are built
+as recorded."""
 
 from __future__ import annotations
 
@@ -95,13 +96,69 @@ def test_a_priority_recording_and_an_unbuildable_group_are_refused(threshold_tra
     prio = _copy_editing(old, tmp_path / "prio", lambda e: e.update(policy="priority"))
     with pytest.raises(TraceError, match="recorded with the priority scheduling policy"):
         replay.resim(prio)
-    mamba = _copy_editing(threshold_trace, tmp_path / "mamba", lambda e: e["kv_cache_groups"]
-                          .append({"layers": 2, "spec": "MambaSpec", "block_size": 16}))
+    # a spec class the installed vLLM does not have
+    unknown = _copy_editing(threshold_trace, tmp_path / "unknown", lambda e: e["kv_cache_groups"]
+                            .append({"layers": 2, "spec": "NoSuchSpec", "block_size": 16}))
     with pytest.raises(TraceError) as err:
-        replay.resim(mamba)
-    assert str(err.value) == ("KV cache group 1 of the trace is a MambaSpec: resim builds "
-                              "FullAttentionSpec, SlidingWindowSpec, ChunkedLocalAttentionSpec "
-                              "groups only")
+        replay.resim(unknown)
+    assert str(err.value) == ("KV cache group 1 of the trace cannot be rebuilt: the installed "
+                              "vLLM has no KV cache spec class NoSuchSpec")
+    # a required field with no harmless stand-in (the window decides which blocks are freed)
+    windowless = _copy_editing(threshold_trace, tmp_path / "windowless",
+                               lambda e: e["kv_cache_groups"].append(
+                                   {"layers": 2, "spec": "SlidingWindowSpec", "block_size": 16}))
+    with pytest.raises(TraceError) as err:
+        replay.resim(windowless)
+    assert str(err.value) == ("KV cache group 1 of the trace (SlidingWindowSpec) cannot be "
+                              "rebuilt: the manifest does not record its sliding_window")
+    # a recorded value the installed class cannot take
+    bad = _copy_editing(threshold_trace, tmp_path / "bad", lambda e: e["kv_cache_groups"]
+                        .append({"layers": 1, "spec": "MambaSpec", "block_size": 16,
+                                 "shapes": [[4, 32]], "dtypes": ["no_such_dtype"]}))
+    with pytest.raises(TraceError) as err:
+        replay.resim(bad)
+    assert str(err.value).startswith("KV cache group 1 of the trace (MambaSpec) cannot be "
+                                     "rebuilt: TypeError: dtypes=")
+    assert "\n" not in str(err.value)
+
+
+def test_a_mamba_group_is_rebuilt_from_its_recorded_fields(threshold_trace, tmp_path):
+    """Every recorded field of the spec is decoded (shapes as tuples, dtypes and enums by
+    name), and the Mamba cache mode reaches the scheduler: the group's own where the engine's
+    setting is not recorded."""
+    import torch
+    from vllm.v1.core.single_type_kv_cache_manager import MambaManager
+
+    def add_mamba(e):
+        e.pop("mamba_cache_mode", None)
+        e["kv_cache_groups"].append(
+            {"layers": 2, "spec": "MambaSpec", "kind": "mamba", "block_size": 16,
+             "shapes": [[3, 288], [8, 32, 16]], "dtypes": ["bfloat16", "float32"],
+             "mamba_type": "MAMBA2", "mamba_cache_mode": "align",
+             "num_prefill_checkpoint_blocks": 1, "prefill_checkpoint_alignment": 1,
+             "page_size_padded": 32768, "no_such_field_here": 7})
+
+    mamba = _copy_editing(threshold_trace, tmp_path / "mamba", add_mamba)
+    run = replay.resim(mamba)
+    coordinator = run.scheduler.kv_cache_manager.coordinator
+    assert [type(m).__name__ for m in coordinator.single_type_managers] == [
+        "FullAttentionManager", "MambaManager"]
+    manager = coordinator.single_type_managers[1]
+    assert isinstance(manager, MambaManager)
+    spec = run.scheduler.kv_cache_config.kv_cache_groups[1].kv_cache_spec
+    assert spec.shapes == ((3, 288), (8, 32, 16))
+    assert spec.dtypes == (torch.bfloat16, torch.float32)
+    assert spec.mamba_type.name == "MAMBA2" and spec.mamba_cache_mode == "align"
+    assert (spec.num_prefill_checkpoint_blocks, spec.prefill_checkpoint_alignment,
+            spec.page_size_padded) == (1, 1, 32768)
+    assert run.scheduler.cache_config.mamba_cache_mode == "align"
+    assert run.scheduler.need_mamba_block_aligned_split
+    # the engine's recorded setting is the one the scheduler read
+    plain = _copy_editing(mamba, tmp_path / "plain",
+                          lambda e: e.update(mamba_cache_mode="none"))
+    run = replay.resim(plain)
+    assert run.scheduler.cache_config.mamba_cache_mode == "none"
+    assert not run.scheduler.need_mamba_block_aligned_split
 
 
 def test_recorded_kv_cache_groups_are_built_as_recorded(threshold_trace, tmp_path):
@@ -114,6 +171,12 @@ def test_recorded_kv_cache_groups_are_built_as_recorded(threshold_trace, tmp_pat
         "FullAttentionManager", "SlidingWindowManager"]
     assert [len(g.layer_names) for g in run.scheduler.kv_cache_config.kv_cache_groups] == [1, 2]
     assert coordinator.single_type_managers[1].sliding_window == 32
+    full, sliding = (g.kv_cache_spec for g in run.scheduler.kv_cache_config.kv_cache_groups)
+    # the recorded head shape (the rig's), and for a group recorded without one (an older
+    # manifest) a harmless stand-in
+    assert (full.num_kv_heads, full.head_size, str(full.dtype)) == (2, 32, "torch.bfloat16")
+    assert (sliding.num_kv_heads, sliding.head_size, str(sliding.dtype)) == (
+        1, 16, "torch.float32")
 
 
 def test_what_a_re_run_cannot_reproduce_is_named_in_one_note(threshold_trace, tmp_path):
