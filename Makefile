@@ -7,7 +7,7 @@ STAMP := $(VENV)/.vllm-contract-installed
 # The tiny local model is built once into the checkout's .cache/.
 export VLLM_CONTRACT_CACHE ?= $(CURDIR)/.cache
 
-.PHONY: setup browser test demo bench fuzz spark compat samples docs clean reduce-all
+.PHONY: setup browser test demo bench fuzz spark compat samples docs clean reduce-all hybrid
 
 setup: $(STAMP)
 
@@ -58,6 +58,12 @@ compat: $(STAMP)
 # testpaths of `make test` for its length
 reduce-all: $(STAMP)
 	$(PY) -m pytest -q -rP long/test_reduce_breaks.py
+
+# every tiny hybrid model (rig/hybrid_models.py) on a real CPU engine, each trace checked,
+# re-simulated and replayed into a real worker; the table in docs/hybrid.md (traces kept in
+# .cache/hybrid)
+hybrid: $(STAMP)
+	$(PY) long/hybrid_matrix.py --out .cache/hybrid
 
 samples: $(STAMP)
 	$(PY) samples/regenerate.py

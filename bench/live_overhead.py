@@ -78,7 +78,7 @@ def build_model(name: str) -> str:
     config = LlamaConfig(**MODELS[name][1], bos_token_id=1, eos_token_id=2,
                          torch_dtype="bfloat16")
     LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(tmp, safe_serialization=True)
-    tiny_model._tokenizer(tmp)
+    tiny_model.save_tokenizer(tmp)
     (tmp / "done.json").write_text(json.dumps(MODELS[name][1]))
     os.replace(tmp, out)
     return str(out)

@@ -24,7 +24,7 @@ def default_dir() -> Path:
     return Path(base) / f"tiny-llama-v{VERSION}"
 
 
-def _tokenizer(out: Path) -> None:
+def save_tokenizer(out: Path) -> None:
     from tokenizers import Tokenizer, pre_tokenizers
     from tokenizers.models import WordLevel
     from transformers import PreTrainedTokenizerFast
@@ -58,7 +58,7 @@ def build(out: Path | None = None) -> Path:
     config = LlamaConfig(**CONFIG, bos_token_id=1, eos_token_id=2, torch_dtype="bfloat16")
     model = LlamaForCausalLM(config).to(torch.bfloat16)
     model.save_pretrained(tmp, safe_serialization=True)
-    _tokenizer(tmp)
+    save_tokenizer(tmp)
     (tmp / "done.json").write_text(json.dumps({"version": VERSION, **CONFIG}))
     try:
         os.replace(tmp, out)

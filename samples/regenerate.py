@@ -8,6 +8,7 @@ samples/README.md for what each holds.
 from __future__ import annotations
 
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -23,10 +24,16 @@ SAMPLES = {  # sample directory -> (scenario, batches in flight)
     "encoder-lookalike": ("encoder_lookalike", 1),
     "structured-output": ("structured_output", 1),
 }
+# recorded from a real vLLM engine on a tiny hybrid model (rig/hybrid_engine.py), each in a
+# process of its own (one in-process engine per process)
+LIVE = {
+    "hybrid-sliding": "gemma2",
+    "hybrid-mamba": "granite-hybrid",
+}
 
 
 def main(names: list[str]) -> None:
-    unknown = set(names) - set(SAMPLES) - set(breaks.BREAKS)
+    unknown = set(names) - set(SAMPLES) - set(breaks.BREAKS) - set(LIVE)
     if unknown:
         sys.exit(f"unknown sample(s): {', '.join(sorted(unknown))}")
     model = str(tiny_model.build())
@@ -39,6 +46,15 @@ def main(names: list[str]) -> None:
         compact(open_trace(out))
         size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
         print(f"samples/{sample}: scenario {scenario}, {size} bytes", file=sys.stderr)
+    for sample, kind in LIVE.items():
+        if names and sample not in names:
+            continue
+        out = HERE / sample
+        shutil.rmtree(out, ignore_errors=True)
+        subprocess.run([sys.executable, "-m", "vllm_contract.rig.hybrid_engine", kind, str(out)],
+                       check=True, stdout=subprocess.DEVNULL)
+        compact(open_trace(out))
+        print(f"samples/{sample}: a real engine on the tiny {kind} model", file=sys.stderr)
     for sample, (scenario, make, what) in breaks.BREAKS.items():
         if names and sample not in names:
             continue

@@ -33,10 +33,13 @@ class Ledger:
         self.tables: dict[str, list[list[int]]] = {}
 
     def missing(self, block_ids: Any, computed: int) -> list[tuple[int, int]]:
-        """The blocks a hit of `computed` tokens reads that the replay never wrote."""
+        """The blocks a hit of `computed` tokens reads that the replay never wrote. Block 0 is
+        vLLM's null block (BlockPool takes it off the free queue first and never hands it out):
+        the placeholder a sliding-window or Mamba group's table carries where the window has
+        left a block behind, read by nobody, so never missing."""
         n = computed // self.block_size
         return [(g, b) for g, ids in enumerate(block_ids or ()) for b in list(ids)[:n]
-                if (g, b) not in self.written]
+                if b != 0 and (g, b) not in self.written]
 
     def _write(self, rid: str, start: int, count: int) -> None:
         table = self.tables.get(rid)

@@ -13,7 +13,8 @@ from vllm_contract.trace import open_trace
 SAMPLES = Path(__file__).resolve().parents[2] / "samples"
 
 
-CLEAN = ["mixed", "mixed-async", "spec-decode", "encoder-lookalike", "structured-output"]
+CLEAN = ["mixed", "mixed-async", "spec-decode", "encoder-lookalike", "structured-output",
+         "hybrid-sliding", "hybrid-mamba"]
 
 
 @pytest.mark.parametrize("name", CLEAN)
@@ -31,6 +32,27 @@ def test_mixed_sample_has_preemption_and_aborts():
     assert t.read("preempted").num_rows > 0
     reasons = t.read("finish_events")["reason"].to_pylist()
     assert "FINISHED_ABORTED" in reasons and "LENGTH" in reasons
+
+
+@pytest.mark.parametrize("name,kinds", [("hybrid-sliding", ["sliding_window", "full"]),
+                                        ("hybrid-mamba", ["mamba", "full"])])
+def test_hybrid_samples_have_their_groups_and_what_makes_them_hybrid(name, kinds):
+    """Recorded from real engines: the groups as the engine built them, and what a single
+    group never shows: blocks a window left behind, handed on while their request runs."""
+    from vllm_contract.replay.query.gateway import Gateway
+
+    with Gateway(SAMPLES / name) as gw:
+        assert gw.sql("SELECT kind FROM kv_groups ORDER BY grp").column(0).to_pylist() == kinds
+        assert gw.sql("SELECT COUNT(*) FROM window_releases").column(0)[0].as_py() > 0
+        assert gw.sql("SELECT COUNT(*) FROM preempted").column(0)[0].as_py() > 0
+        # a released block later handed to another request, while its first holder still ran
+        reused = gw.sql("""
+            SELECT COUNT(*) FROM window_releases w
+            JOIN group_grants g ON g.engine = w.engine AND g.step >= w.release_step
+                 AND g.req_id <> w.req_id AND ARRAY_POSITION(g.ids, w.block_id) > 0
+            JOIN lifeline l ON l.engine = w.engine AND l.req_id = w.req_id
+                 AND (l.finished_step IS NULL OR l.finished_step > g.step)""")
+        assert reused.column(0)[0].as_py() > 0
 
 
 def test_spec_sample_has_drafts():
