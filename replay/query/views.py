@@ -431,8 +431,8 @@ def group_grants_sql(groups: int = 1) -> str:
 # Groups whose blocks are freed while their request runs (sliding window, chunked local
 # attention, Mamba: `kv_groups` rows with a release rule): for each block such a group was
 # handed, the step its request's window left it behind, when vLLM's remove_skipped_blocks
-# freed it for others (core/kv_groups.py). A position is freed at the first later step in which
-# its request is scheduled with enough computed tokens. Empty where no engine has such groups.
+# freed it for others (core/kv_groups.py): the step after the row whose tokens moved the window
+# past its position (see `events`). Empty where no engine has such groups.
 WINDOW_RELEASES_SQL = """
 CREATE VIEW window_releases AS
 WITH rules AS (
@@ -450,26 +450,27 @@ wgroups AS (
     JOIN rules r ON r.engine = g.engine AND r.block_size = g.block_size
          AND r.release_offset = g.release_offset AND r.release_chunk = g.release_chunk
 ),
-freed AS (
-    -- every listed row of an engine with such groups: the leading positions freed by then
-    SELECT s.engine, s.req_id, s.step, s.kind, r.rule,
+ends AS (
+    -- every listed row of an engine with such groups: the leading positions its window had
+    -- freed at the row's computed tokens, and will have freed once its tokens are computed
+    SELECT s.engine, s.req_id, s.step, r.rule,
            (GREATEST(s.num_computed_tokens - r.release_offset, 0) // r.release_chunk
-            * r.release_chunk) // r.block_size AS n
+            * r.release_chunk) // r.block_size AS lo,
+           (GREATEST(s.num_computed_tokens + s.num_scheduled_tokens - r.release_offset, 0)
+            // r.release_chunk * r.release_chunk) // r.block_size AS hi
     FROM scheduled s
     JOIN rules r ON r.engine = s.engine
-    WHERE s.kind IS NOT NULL
-),
-lagged AS (
-    SELECT engine, req_id, step, rule, n,
-           CASE WHEN kind IN ('new', 'resumed') THEN 0
-                ELSE COALESCE(LAG(n) OVER (PARTITION BY engine, req_id, rule ORDER BY step), 0)
-           END AS lo
-    FROM freed
+    WHERE s.kind IS NOT NULL AND s.num_scheduled_tokens > 0
 ),
 events AS (
-    SELECT engine, req_id, rule, step, UNNEST(range(lo, n)) AS tpos
-    FROM lagged
-    WHERE n > lo
+    -- the positions a row's tokens move the window past are freed in the request's next
+    -- allocation, in a later step: the next step is taken (a row-by-row walk to find the
+    -- request's true next row cost most of the check), which is never after vLLM frees them
+    -- and may be before (the request not scheduled at once, async's in-flight tokens, drafts
+    -- rejected): a release taken early can hide a bug, never report a false one
+    SELECT engine, req_id, rule, step + 1 AS step, UNNEST(range(lo, hi)) AS tpos
+    FROM ends
+    WHERE hi > lo
 ),
 blocks_ AS (
     SELECT engine, req_id, step, grp, rule, block_id,
@@ -486,6 +487,68 @@ FROM blocks_ b
 JOIN events e ON e.engine = b.engine AND e.req_id = b.req_id AND e.rule = b.rule
      AND e.tpos = b.tpos AND e.step > b.step
 GROUP BY b.engine, b.req_id, b.step, b.grp, b.block_id, b.tpos
+"""
+
+
+# Each block a request was handed (the null block left out), and the step from which it no
+# longer holds it (NULL: to the trace's end): its preemption (its blocks may go to others in
+# that very step), the step after its finish event, or, in a sliding-window, chunked-local or
+# Mamba group, the step its window left the block behind (`window_releases`). Read by
+# blocks.double_owner and blocks.zeroed_held.
+BLOCK_HOLDS_SQL = """
+CREATE VIEW block_holds AS
+WITH acq AS (
+    -- each block handed out, with no more columns than finding the blocks that ever had two
+    -- holders needs (the others are fetched for those blocks alone)
+    SELECT engine, step, req_id, block_id
+    FROM (SELECT engine, step, req_id, UNNEST(block_ids) AS block_id
+          FROM grants
+          WHERE kind IS NOT NULL) u
+    WHERE block_id <> 0
+),
+release_ AS (
+    SELECT engine, req_id, step AS end_step FROM preempted
+    UNION ALL
+    SELECT engine, req_id, step + 1 AS end_step FROM finish_events
+),
+spans AS (
+    SELECT engine, req_id, MIN(step) AS first_step, MAX(step) AS last_step
+    FROM grants
+    WHERE kind IS NOT NULL
+    GROUP BY engine, req_id
+),
+id_ends AS (
+    -- an id released nowhere between its first and last acquisitions holds every block it got
+    -- until its first release after the first: one end per id (cheaper than joining each
+    -- acquisition with the releases and taking the least)
+    SELECT p.engine, p.req_id, MIN(r.end_step) AS end_step,
+           SUM(CASE WHEN r.end_step <= p.last_step THEN 1 ELSE 0 END) AS inside
+    FROM spans p
+    LEFT JOIN release_ r ON r.engine = p.engine AND r.req_id = p.req_id
+         AND r.end_step > p.first_step
+    GROUP BY p.engine, p.req_id
+),
+holds_ AS (
+    SELECT a.engine, a.req_id, a.step, a.block_id, e.end_step
+    FROM acq a
+    JOIN id_ends e ON e.engine = a.engine AND e.req_id = a.req_id
+    WHERE e.inside = 0
+    UNION ALL
+    SELECT a.engine, a.req_id, a.step, a.block_id, MIN(r.end_step) AS end_step
+    FROM acq a
+    JOIN id_ends e ON e.engine = a.engine AND e.req_id = a.req_id
+    LEFT JOIN release_ r ON r.engine = a.engine AND r.req_id = a.req_id AND r.end_step > a.step
+    WHERE e.inside > 0
+    GROUP BY a.engine, a.req_id, a.step, a.block_id
+)
+-- a window group's block is held until its window passes it, if that comes first
+SELECT h.engine, h.req_id, h.step, h.block_id,
+       CASE WHEN w.release_step IS NOT NULL
+                 AND (h.end_step IS NULL OR w.release_step < h.end_step)
+            THEN w.release_step ELSE h.end_step END AS end_step
+FROM holds_ h
+LEFT JOIN window_releases w ON w.engine = h.engine AND w.req_id = h.req_id
+     AND w.step = h.step AND w.block_id = h.block_id
 """
 
 
@@ -550,7 +613,8 @@ def derived_sql(engines: list[str], split: bool | None = None,
     views = (REQ_KEYS_SQL.format(ids=per_engine(REQ_KEYS_PASS, engines, split=split)),
             "CREATE VIEW step_totals AS " + per_engine(STEP_TOTALS_PASS, engines, "s.engine",
                                                        split),
-            GRANTS_SQL, group_grants_sql(groups), WINDOW_RELEASES_SQL, INSTANCES_SQL,
+            GRANTS_SQL, group_grants_sql(groups), WINDOW_RELEASES_SQL, BLOCK_HOLDS_SQL,
+            INSTANCES_SQL,
             DRAFTS_SQL, LIFELINE_SQL,
             RUN_GROUPS_SQL.format(groups=per_engine(RUN_GROUPS_PASS, engines, split=split)),
             WINDOWED_RUNS_SQL, RUNS_SQL, RUN_IDS_SQL)
@@ -576,7 +640,8 @@ def derived_views(engines: list[str], split: bool | None = None,
 # (Gateway.materialize) before the first check that reads them, directly or through another
 # view (deps.stored_before). `runs` itself stays a view: each check reads only its own columns
 # of it.
-STORED = frozenset({"step_totals", "grants", "group_grants", "window_releases", "drafts",
+STORED = frozenset({"step_totals", "grants", "group_grants", "window_releases", "block_holds",
+                    "drafts",
                     "instances", "run_groups", "windowed_runs", "run_ids"})
 
 VIEW_DOCS = {
@@ -605,6 +670,10 @@ VIEW_DOCS = {
                  "release_chunk (for groups that free blocks while their request runs: a table's "
                  "first ((computed - offset) // chunk * chunk) // block_size positions are freed; "
                  "NULL for groups that hold every block to the end).",
+    "block_holds": "One row per block handed to a request (the null block left out): engine, "
+                   "req_id, step (when it was handed out), block_id, end_step (the first step "
+                   "it no longer holds it: its preemption, the step after its finish event, "
+                   "or its window's release; NULL: held to the trace's end).",
     "group_grants": "The `grants` rows one per KV cache group: engine, req_id, step, kind, grp, "
                     "num_computed_tokens, num_scheduled_tokens, ids (the group's new block ids, "
                     "the null block 0 included), start (the table position of the first of "

@@ -82,9 +82,10 @@ def test_shared_views_are_computed_once_and_shown_in_the_progress(tiny_model, tm
               if "computing the shared view" in name]
     # each view, and the views that read it: computed once, before the first check needing any
     readers_of = {"step_totals": {"step_totals"},
-                  "grants": {"grants", "group_grants", "window_releases"},
-                  "group_grants": {"group_grants", "window_releases"},
-                  "window_releases": {"window_releases"},
+                  "grants": {"grants", "group_grants", "window_releases", "block_holds"},
+                  "group_grants": {"group_grants", "window_releases", "block_holds"},
+                  "window_releases": {"window_releases", "block_holds"},
+                  "block_holds": {"block_holds"},
                   "drafts": {"drafts", "run_groups", "windowed_runs", "run_ids", "runs"},
                   "instances": {"instances", "run_groups", "windowed_runs", "run_ids", "runs"},
                   "run_groups": {"run_groups", "windowed_runs", "run_ids", "runs"},

@@ -4,7 +4,8 @@
 -- why: Two requests writing KV into one block corrupt each other's attention: silently wrong
 --      tokens, no error anywhere.
 -- relies_on: vllm/v1/core/block_pool.py BlockPool; vllm/v1/core/kv_cache_manager.py allocate_slots
--- needs: scheduled, grants, window_releases, kv_groups, preempted, finish_events, engines
+-- needs: scheduled, grants, block_holds, window_releases, kv_groups, preempted, finish_events,
+--        engines
 -- columns: engine, step, req_id, details
 -- note: prefix-cache sharing is allowed: a new or resumed request may share as many blocks as
 --       its num_computed_tokens covers, also blocks a request admitted before it fills in the
@@ -18,59 +19,8 @@
 --       null block (0), which such groups repeat, is nobody's. With several KV cache groups a
 --       request may share each group's prefix-hit blocks: num_computed_tokens // block size
 --       of each group.
-WITH acq AS (
-    -- each block handed out, with no more columns than finding the blocks that ever had two
-    -- holders needs (the others are fetched for those blocks alone)
-    SELECT engine, step, req_id, block_id
-    FROM (SELECT engine, step, req_id, UNNEST(block_ids) AS block_id
-          FROM grants
-          WHERE kind IS NOT NULL) u
-    WHERE block_id <> 0
-),
-release_ AS (
-    SELECT engine, req_id, step AS end_step FROM preempted
-    UNION ALL
-    SELECT engine, req_id, step + 1 AS end_step FROM finish_events
-),
-spans AS (
-    SELECT engine, req_id, MIN(step) AS first_step, MAX(step) AS last_step
-    FROM grants
-    WHERE kind IS NOT NULL
-    GROUP BY engine, req_id
-),
-id_ends AS (
-    -- an id released nowhere between its first and last acquisitions holds every block it got
-    -- until its first release after the first: one end per id (cheaper than joining each
-    -- acquisition with the releases and taking the least)
-    SELECT p.engine, p.req_id, MIN(r.end_step) AS end_step,
-           SUM(CASE WHEN r.end_step <= p.last_step THEN 1 ELSE 0 END) AS inside
-    FROM spans p
-    LEFT JOIN release_ r ON r.engine = p.engine AND r.req_id = p.req_id
-         AND r.end_step > p.first_step
-    GROUP BY p.engine, p.req_id
-),
-holds_ AS (
-    SELECT a.engine, a.req_id, a.step, a.block_id, e.end_step
-    FROM acq a
-    JOIN id_ends e ON e.engine = a.engine AND e.req_id = a.req_id
-    WHERE e.inside = 0
-    UNION ALL
-    SELECT a.engine, a.req_id, a.step, a.block_id, MIN(r.end_step) AS end_step
-    FROM acq a
-    JOIN id_ends e ON e.engine = a.engine AND e.req_id = a.req_id
-    LEFT JOIN release_ r ON r.engine = a.engine AND r.req_id = a.req_id AND r.end_step > a.step
-    WHERE e.inside > 0
-    GROUP BY a.engine, a.req_id, a.step, a.block_id
-),
-holds AS (
-    -- a window group's block is held until its window passes it, if that comes first
-    SELECT h.engine, h.req_id, h.step, h.block_id,
-           CASE WHEN w.release_step IS NOT NULL
-                     AND (h.end_step IS NULL OR w.release_step < h.end_step)
-                THEN w.release_step ELSE h.end_step END AS end_step
-    FROM holds_ h
-    LEFT JOIN window_releases w ON w.engine = h.engine AND w.req_id = h.req_id
-         AND w.step = h.step AND w.block_id = h.block_id
+WITH holds AS (
+    SELECT engine, req_id, step, block_id, end_step FROM block_holds
 ),
 lagged AS (
     -- a block whose acquisitions, in step order, each start at or after the previous one's end

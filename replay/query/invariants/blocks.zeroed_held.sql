@@ -7,7 +7,7 @@
 -- relies_on: vllm/v1/worker/gpu_model_runner.py GPUModelRunner._update_states / _zero_block_ids;
 --      vllm/v1/core/single_type_kv_cache_manager.py SingleTypeKVCacheManager.allocate_new_blocks;
 --      vllm/v1/core/kv_cache_manager.py KVCacheManager.take_new_block_ids
--- needs: steps, scheduled, grants, window_releases, preempted, finish_events
+-- needs: steps, scheduled, grants, block_holds, window_releases, preempted, finish_events
 -- columns: engine, step, req_id, details
 -- note: the scheduler lists a block when get_new_blocks takes it off the free queue (no holder
 --       left), and drains the list once per schedule(): prefix-cache hits are never listed, so
@@ -33,56 +33,12 @@ WITH zeroed AS (
 zblocks AS (
     SELECT DISTINCT engine, block_id FROM zeroed
 ),
-acq AS (
-    -- the acquisitions of blocks zeroed somewhere: none at all where the cache needs no zeroing
-    -- (the list is NULL), so the spans below cost nothing there
-    SELECT a.engine, a.step, a.req_id, a.block_id
-    FROM (SELECT engine, step, req_id, UNNEST(block_ids) AS block_id
-          FROM grants
-          WHERE kind IS NOT NULL) a
-    JOIN zblocks z ON z.engine = a.engine AND z.block_id = a.block_id
-),
-release_ AS (
-    SELECT engine, req_id, step AS end_step FROM preempted
-    UNION ALL
-    SELECT engine, req_id, step + 1 AS end_step FROM finish_events
-),
-spans AS (
-    SELECT engine, req_id, MIN(step) AS first_step, MAX(step) AS last_step
-    FROM acq
-    GROUP BY engine, req_id
-),
-id_ends AS (
-    -- as in blocks.double_owner: an id released nowhere between its first and last
-    -- acquisitions holds every block it got until its first release after the first
-    SELECT p.engine, p.req_id, MIN(r.end_step) AS end_step,
-           SUM(CASE WHEN r.end_step <= p.last_step THEN 1 ELSE 0 END) AS inside
-    FROM spans p
-    LEFT JOIN release_ r ON r.engine = p.engine AND r.req_id = p.req_id
-         AND r.end_step > p.first_step
-    GROUP BY p.engine, p.req_id
-),
-holds_ AS (
-    SELECT a.engine, a.req_id, a.step, a.block_id, e.end_step
-    FROM acq a
-    JOIN id_ends e ON e.engine = a.engine AND e.req_id = a.req_id
-    WHERE e.inside = 0
-    UNION ALL
-    SELECT a.engine, a.req_id, a.step, a.block_id, MIN(r.end_step) AS end_step
-    FROM acq a
-    JOIN id_ends e ON e.engine = a.engine AND e.req_id = a.req_id
-    LEFT JOIN release_ r ON r.engine = a.engine AND r.req_id = a.req_id AND r.end_step > a.step
-    WHERE e.inside > 0
-    GROUP BY a.engine, a.req_id, a.step, a.block_id
-),
 holds AS (
-    SELECT h.engine, h.req_id, h.step, h.block_id,
-           CASE WHEN w.release_step IS NOT NULL
-                     AND (h.end_step IS NULL OR w.release_step < h.end_step)
-                THEN w.release_step ELSE h.end_step END AS end_step
-    FROM holds_ h
-    LEFT JOIN window_releases w ON w.engine = h.engine AND w.req_id = h.req_id
-         AND w.step = h.step AND w.block_id = h.block_id
+    -- the holds of blocks zeroed somewhere: none at all where the cache needs no zeroing
+    -- (the list is NULL)
+    SELECT h.engine, h.req_id, h.step, h.block_id, h.end_step
+    FROM block_holds h
+    JOIN zblocks z ON z.engine = h.engine AND z.block_id = h.block_id
 ),
 events AS (
     SELECT engine, block_id, step, COALESCE(end_step, 9223372036854775807) AS end_step,
