@@ -6,11 +6,12 @@ applying it after every schedule()), so that the class is importable by name
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vllm_contract.rig import breaks
+from vllm_contract.rig import breaks, scenarios
 
 
 @dataclass(frozen=True)
@@ -24,6 +25,14 @@ class Workload:
     # runs it (the checks of what an async worker reads apply to such a recording only)
     batch_queue: int = 1
     prompt_tokens: int = 20
+    # a hybrid engine's KV cache groups (HarnessConfig.groups, e.g. rig/scenarios.py's
+    # SLIDING_FULL, MAMBA_FULL); empty: one full-attention group
+    groups: tuple = ()
+    mamba_cache_mode: str = "align"  # for a Mamba group ("align": prefix caching)
+    enable_prefix_caching: bool = True
+    # tokens of a prefix every odd-numbered request's prompt starts with (prefix-cache hits
+    # once the first of them has been prefilled); its own `prompt_tokens` follow
+    shared_prefix: int = 0
 
 
 # a batch of 4 with room for every request: no preemption
@@ -31,6 +40,16 @@ PLAIN = Workload()
 # 16 blocks of 16 tokens for 4 requests of up to 130 tokens: preempted and resumed over and over
 PREEMPTING = Workload(num_blocks=16)
 PREEMPTING_ASYNC = Workload(num_blocks=16, batch_queue=2)
+# hybrid engines (rig/scenarios.py's groups): a sliding-window group (window 32) beside a
+# full-attention one; a Mamba group ("align" mode, as with prefix caching) beside a
+# full-attention one, without and with prompts that share a 48-token prefix. The budget keeps
+# the second request out of the first step (a 16-token budget prefills a 20-token prompt in two
+# steps; a Mamba group's chunks are block-aligned, so 32 tokens leave 12 that fit no block),
+# so that it is admitted while the first runs (what the breaks of a running request's blocks
+# wait for) with two requests alone.
+SLIDING = Workload(max_num_batched_tokens=16, groups=scenarios.SLIDING_FULL)
+MAMBA = Workload(max_num_batched_tokens=32, groups=scenarios.MAMBA_FULL)
+MAMBA_SHARED = dataclasses.replace(MAMBA, shared_prefix=48)
 
 
 @dataclass(frozen=True)
@@ -67,6 +86,11 @@ COVERED = {
         "num_blocks": "self.kv_cache_config.num_blocks",
         "width": "-(-self.max_model_len // self.block_size)"}),
     "draft_without_drafter": Covered("spec.without_drafter"),
+    # hybrid engines: the break's group is the workload's first (sliding window or Mamba)
+    "hand_out_window_block": Covered("blocks.double_owner", SLIDING),
+    "share_mamba_state": Covered("blocks.double_owner", MAMBA),
+    "null_block_in_table": Covered("blocks.null_needed", MAMBA),
+    "drop_mamba_hit": Covered("blocks.null_needed", MAMBA_SHARED),
 }
 
 _HEAD = '''"""Scheduler subclasses with a bug: vllm_contract/rig/breaks.py's, applied after each
@@ -170,12 +194,16 @@ def record_workload(cls, model: str, path: Path, requests: int = 60,
     try:
         h = Harness(model, HarnessConfig(num_blocks=w.num_blocks, max_num_seqs=w.max_num_seqs,
                                          max_num_batched_tokens=w.max_num_batched_tokens,
-                                         batch_queue=w.batch_queue))
+                                         batch_queue=w.batch_queue, groups=w.groups,
+                                         mamba_cache_mode=w.mamba_cache_mode,
+                                         enable_prefix_caching=w.enable_prefix_caching))
     finally:
         setattr(mod, attr, stock)
+    shared = prompt(4242, w.shared_prefix)
     with attach(h.scheduler, path):
         for i in range(requests):
-            h.add(f"w{i}", prompt(i, w.prompt_tokens), max_tokens=50 + (i * 37) % 60)
+            h.add(f"w{i}", (shared if i % 2 else []) + prompt(i, w.prompt_tokens),
+                  max_tokens=50 + (i * 37) % 60)
         while h.busy:
             h.step()
     # the schedule() calls, as the trace has them: with batches in flight the last engine

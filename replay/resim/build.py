@@ -269,7 +269,7 @@ def _decoded(value: Any, tp: Any, name: str) -> Any:
     return value  # a typing construct this does not know: the value as recorded
 
 
-def _spec(i: int, g: dict, e: dict) -> Any:
+def rebuild_spec(i: int, g: dict, e: dict) -> Any:
     """Group `i`'s spec, of the class the manifest names, from its recorded fields: the
     fields the installed class lacks are left out, the required ones an older manifest lacks
     take SPEC_DEFAULTS (or the engine's block size)."""
@@ -323,8 +323,8 @@ def _kv_config(e: dict, vc: Any) -> Any:
     recorded = e.get("kv_cache_groups") or [
         {"layers": 1, "spec": "FullAttentionSpec", "block_size": int(e["block_size"])}]
     groups = [kvi.KVCacheGroupSpec(
-        [f"group{i}.layer{j}" for j in range(max(1, int(g.get("layers") or 1)))], _spec(i, g, e))
-        for i, g in enumerate(recorded)]
+        [f"group{i}.layer{j}" for j in range(max(1, int(g.get("layers") or 1)))],
+        rebuild_spec(i, g, e)) for i, g in enumerate(recorded)]
     retention = (e["prefix_cache_retention_interval"] if "prefix_cache_retention_interval" in e
                  else getattr(vc.cache_config, "prefix_cache_retention_interval", None))
     return kvi.KVCacheConfig(num_blocks=int(e["num_kv_blocks"]), kv_cache_tensors=[],
