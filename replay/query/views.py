@@ -540,15 +540,25 @@ holds_ AS (
     LEFT JOIN release_ r ON r.engine = a.engine AND r.req_id = a.req_id AND r.end_step > a.step
     WHERE e.inside > 0
     GROUP BY a.engine, a.req_id, a.step, a.block_id
+),
+ended AS (
+    -- a window group's block is held until its window passes it, if that comes first
+    SELECT h.engine, h.req_id, h.step, h.block_id,
+           CASE WHEN w.release_step IS NOT NULL
+                     AND (h.end_step IS NULL OR w.release_step < h.end_step)
+                THEN w.release_step ELSE h.end_step END AS end_step
+    FROM holds_ h
+    LEFT JOIN window_releases w ON w.engine = h.engine AND w.req_id = h.req_id
+         AND w.step = h.step AND w.block_id = h.block_id
 )
--- a window group's block is held until its window passes it, if that comes first
-SELECT h.engine, h.req_id, h.step, h.block_id,
-       CASE WHEN w.release_step IS NOT NULL
-                 AND (h.end_step IS NULL OR w.release_step < h.end_step)
-            THEN w.release_step ELSE h.end_step END AS end_step
-FROM holds_ h
-LEFT JOIN window_releases w ON w.engine = h.engine AND w.req_id = h.req_id
-     AND w.step = h.step AND w.block_id = h.block_id
+-- prev_end: the end of the block's previous hold in step order. A block whose holds each
+-- start at or after the previous one's end never had two holders at once (the ends then only
+-- grow): the checks sweep the other blocks alone, and in a trace without prefix sharing that
+-- is almost none of them
+SELECT engine, req_id, step, block_id, end_step,
+       LAG(COALESCE(end_step, 9223372036854775807)) OVER (
+           PARTITION BY engine, block_id ORDER BY step) AS prev_end
+FROM ended
 """
 
 
@@ -673,7 +683,8 @@ VIEW_DOCS = {
     "block_holds": "One row per block handed to a request (the null block left out): engine, "
                    "req_id, step (when it was handed out), block_id, end_step (the first step "
                    "it no longer holds it: its preemption, the step after its finish event, "
-                   "or its window's release; NULL: held to the trace's end).",
+                   "or its window's release; NULL: held to the trace's end), prev_end (the "
+                   "end of the block's previous hold, in step order).",
     "group_grants": "The `grants` rows one per KV cache group: engine, req_id, step, kind, grp, "
                     "num_computed_tokens, num_scheduled_tokens, ids (the group's new block ids, "
                     "the null block 0 included), start (the table position of the first of "

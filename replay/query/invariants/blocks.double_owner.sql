@@ -23,13 +23,7 @@ WITH holds AS (
     SELECT engine, req_id, step, block_id, end_step FROM block_holds
 ),
 lagged AS (
-    -- a block whose acquisitions, in step order, each start at or after the previous one's end
-    -- never had two holders at once (the ends then only grow): only the other blocks need the
-    -- sweep below, and in a trace without prefix sharing that is almost none of them
-    SELECT engine, block_id, step,
-           LAG(COALESCE(end_step, 9223372036854775807)) OVER (
-               PARTITION BY engine, block_id ORDER BY step) AS prev_end
-    FROM holds
+    SELECT engine, block_id, step, prev_end FROM block_holds
 ),
 overlapping AS (
     SELECT DISTINCT engine, block_id FROM lagged WHERE prev_end > step

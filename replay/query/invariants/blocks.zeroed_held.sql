@@ -30,12 +30,30 @@ WITH zeroed AS (
           WHERE new_block_ids_to_zero IS NOT NULL) z
     WHERE block_id <> 0
 ),
+overlapping AS (
+    -- blocks that ever had two holders at once (prefix sharing): for the others the previous
+    -- hold's end is the latest of all earlier ones
+    SELECT DISTINCT engine, block_id FROM block_holds WHERE prev_end > step
+),
+suspects AS (
+    -- a block zeroed in the step it is handed out, its previous holder gone by then, zeroes
+    -- nobody's KV: only the other zeroings are swept below (in a Mamba engine's trace, where
+    -- every newly allocated block is zeroed, that leaves almost none)
+    SELECT z.engine, z.step, z.block_id
+    FROM zeroed z
+    WHERE NOT EXISTS (
+        SELECT 1 FROM block_holds h
+        WHERE h.engine = z.engine AND h.block_id = z.block_id AND h.step = z.step
+          AND (h.prev_end IS NULL OR h.prev_end <= z.step))
+       OR EXISTS (SELECT 1 FROM overlapping o
+                  WHERE o.engine = z.engine AND o.block_id = z.block_id)
+),
 zblocks AS (
-    SELECT DISTINCT engine, block_id FROM zeroed
+    SELECT DISTINCT engine, block_id FROM suspects
 ),
 holds AS (
-    -- the holds of blocks zeroed somewhere: none at all where the cache needs no zeroing
-    -- (the list is NULL)
+    -- the holds of those blocks: none at all where the cache needs no zeroing (the list is
+    -- NULL)
     SELECT h.engine, h.req_id, h.step, h.block_id, h.end_step
     FROM block_holds h
     JOIN zblocks z ON z.engine = h.engine AND z.block_id = h.block_id
@@ -46,7 +64,7 @@ events AS (
     FROM holds
     UNION ALL
     SELECT engine, block_id, step, CAST(NULL AS BIGINT) AS end_step, 1 AS zeroing
-    FROM zeroed
+    FROM suspects
 ),
 swept AS (
     -- per block, in step order: until when the holders from earlier steps keep it (one sort,
