@@ -93,7 +93,12 @@ def _encoder_lookalike(h: Harness) -> None:
     h.run()
 
 
-def _mixed(h: Harness) -> None:
+def _mixed(h: Harness, settle: bool = False) -> None:
+    """`settle`: the aborted id is reused only once no batch in flight still schedules it.
+    vLLM's update_from_output finds a request by its id, so an in-flight output of the aborted
+    request would land on its successor (real engines never reuse an id: each carries a random
+    suffix). The Llama's run happens never to have it in flight; a hybrid engine's
+    block-aligned Mamba chunks do."""
     shared = prompt(42, 48)
     for i in range(8):
         h.add(f"m{i}", (shared if i % 2 else []) + prompt(i, 40 + 37 * i), max_tokens=24)
@@ -102,28 +107,14 @@ def _mixed(h: Harness) -> None:
     for _ in range(10):
         h.step()
     h.abort("m3")
+    while settle and h.in_flight("m3"):
+        h.step()
     h.add("m3", prompt(3, 30), max_tokens=8)  # id reuse after an abort
     h.run()
 
 
 def _mixed_hybrid(h: Harness) -> None:
-    """_mixed, the aborted id reused only once no batch in flight still schedules it: vLLM's
-    update_from_output finds a request by its id, so an in-flight output of the aborted request
-    would land on its successor (real engines never reuse an id: each carries a random suffix).
-    The Llama's mixed run happens never to have it in flight; a hybrid engine's block-aligned
-    Mamba chunks do."""
-    shared = prompt(42, 48)
-    for i in range(8):
-        h.add(f"m{i}", (shared if i % 2 else []) + prompt(i, 40 + 37 * i), max_tokens=24)
-    h.add("doomed", prompt(77, 30), max_tokens=10)
-    h.abort("doomed")
-    for _ in range(10):
-        h.step()
-    h.abort("m3")
-    while h.in_flight("m3"):
-        h.step()
-    h.add("m3", prompt(3, 30), max_tokens=8)
-    h.run()
+    _mixed(h, settle=True)
 
 
 def _long_run(h: Harness) -> None:
