@@ -26,12 +26,11 @@ back to the Transformers backend, which fails).
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
 
-from vllm_contract.rig.tiny_model import VOCAB, save_tokenizer
+from vllm_contract.rig.tiny_model import VOCAB, build_cached
 
 VERSION = 1  # bump when a recipe changes; the cache key follows
 
@@ -118,30 +117,15 @@ def build(kind: str, out: Path | None = None) -> Path:
     if kind not in KINDS:
         raise ValueError(f"unknown kind {kind!r}; known: {', '.join(KINDS)}")
     spec = KINDS[kind]
-    out = Path(out) if out else default_dir(kind)
-    if (out / "done.json").exists():
-        return out
-    import shutil
 
-    import torch
-    import transformers
+    def make():
+        import transformers
 
-    if out.exists():  # a build that died half-way
-        shutil.rmtree(out, ignore_errors=True)
-    tmp = out.with_name(out.name + f".tmp-{os.getpid()}")
-    tmp.mkdir(parents=True, exist_ok=True)
-    torch.manual_seed(0)
-    config = getattr(transformers, spec["config"])(**spec["params"], torch_dtype="bfloat16")
-    model = getattr(transformers, spec["model"])(config).to(torch.bfloat16)
-    model.save_pretrained(tmp, safe_serialization=True)
-    save_tokenizer(tmp)
-    (tmp / "done.json").write_text(json.dumps({"version": VERSION, "kind": kind,
-                                               **spec["params"]}))
-    try:
-        os.replace(tmp, out)
-    except OSError:  # another process won the race; theirs is as good as ours
-        shutil.rmtree(tmp, ignore_errors=True)
-    return out
+        config = getattr(transformers, spec["config"])(**spec["params"], torch_dtype="bfloat16")
+        return getattr(transformers, spec["model"])(config)
+
+    return build_cached(Path(out) if out else default_dir(kind), make,
+                        {"version": VERSION, "kind": kind, **spec["params"]})
 
 
 if __name__ == "__main__":

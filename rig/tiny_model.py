@@ -40,31 +40,42 @@ def save_tokenizer(out: Path) -> None:
     fast.save_pretrained(out)
 
 
-def build(out: Path | None = None) -> Path:
-    """Build the model (and tokenizer) into `out` once; later calls return the cached copy."""
-    out = Path(out) if out else default_dir()
+def build_cached(out: Path, make_model, done: dict) -> Path:
+    """`make_model()` (a transformers model, random weights after torch.manual_seed(0)) saved
+    in bf16 with the tiny tokenizer into `out`, once: `done` is written beside it last, and a
+    later call finds it there. A build that died half-way is built again; two processes
+    building at once each build in a folder of their own, and the first rename wins."""
     if (out / "done.json").exists():
         return out
     import shutil
 
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
 
     if out.exists():  # a build that died half-way
         shutil.rmtree(out, ignore_errors=True)
     tmp = out.with_name(out.name + f".tmp-{os.getpid()}")
     tmp.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)
-    config = LlamaConfig(**CONFIG, bos_token_id=1, eos_token_id=2, torch_dtype="bfloat16")
-    model = LlamaForCausalLM(config).to(torch.bfloat16)
-    model.save_pretrained(tmp, safe_serialization=True)
+    make_model().to(torch.bfloat16).save_pretrained(tmp, safe_serialization=True)
     save_tokenizer(tmp)
-    (tmp / "done.json").write_text(json.dumps({"version": VERSION, **CONFIG}))
+    (tmp / "done.json").write_text(json.dumps(done))
     try:
         os.replace(tmp, out)
     except OSError:  # another process won the race; theirs is as good as ours
         shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def build(out: Path | None = None) -> Path:
+    """Build the model (and tokenizer) into `out` once; later calls return the cached copy."""
+    def make():
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        return LlamaForCausalLM(LlamaConfig(**CONFIG, bos_token_id=1, eos_token_id=2,
+                                            torch_dtype="bfloat16"))
+
+    return build_cached(Path(out) if out else default_dir(), make,
+                        {"version": VERSION, **CONFIG})
 
 
 if __name__ == "__main__":
