@@ -530,38 +530,10 @@ def _group_tables(so, tables: dict, g: int) -> None:
         tables.pop(rid, None)
 
 
-def hand_out_window_block(group: int = 0) -> Callable:
-    """On a sliding-window group (hybrid_sliding): the first new request without a prefix hit,
-    admitted while another request runs, is given, as its last block of the window group, the
-    newest block of a running request's table there, which that request's window still covers
-    (a window block freed too early and handed on: vllm's SWA-freeing bugs). Returns
-    (step, req_id)."""
-    tables: dict[str, list[int]] = {}
-    done = []
-
-    def mutate(so, step):
-        hit = None
-        running = [rid for rid in so.scheduled_cached_reqs.req_ids
-                   if rid not in so.scheduled_cached_reqs.resumed_req_ids
-                   and any(tables.get(rid, ()))]
-        for r in so.scheduled_new_reqs:
-            if not done and running and r.num_computed_tokens == 0 and r.block_ids[group]:
-                victim = running[0]
-                r.block_ids[group][-1] = [b for b in tables[victim] if b][-1]
-                done.append(r.req_id)
-                hit = step, r.req_id
-                break
-        _group_tables(so, tables, group)
-        return hit
-
-    return mutate
-
-
-def share_mamba_state(group: int = 0) -> Callable:
-    """On a Mamba group (hybrid_mamba): the first new request without a prefix hit, admitted
-    while another request runs, is given that request's current state block as its own state
-    block: two requests' recurrent states in one block (vllm#53142's kind of state-block mixup).
-    Returns (step, req_id)."""
+def _newest_block_to_new_request(group: int) -> Callable:
+    """The first new request without a prefix hit, admitted while another request runs, is
+    given, as its last block of group `group`, the newest real block of that running request's
+    table there. Returns (step, req_id)."""
     tables: dict[str, list[int]] = {}
     done = []
 
@@ -580,6 +552,20 @@ def share_mamba_state(group: int = 0) -> Callable:
         return hit
 
     return mutate
+
+
+def hand_out_window_block(group: int = 0) -> Callable:
+    """On a sliding-window group (hybrid_sliding): a running request's newest window block,
+    which its window still covers, handed to a new request (a window block freed too early
+    and handed on: vllm's SWA-freeing bugs). Returns (step, req_id)."""
+    return _newest_block_to_new_request(group)
+
+
+def share_mamba_state(group: int = 0) -> Callable:
+    """On a Mamba group (hybrid_mamba): a running request's current state block given to a
+    new request as its own state block: two requests' recurrent states in one block
+    (vllm#53142's kind of state-block mixup). Returns (step, req_id)."""
+    return _newest_block_to_new_request(group)
 
 
 def null_block_in_table(group: int = 0) -> Callable:

@@ -133,14 +133,16 @@ def class_name(name: str) -> str:
 
 
 def _helpers(fn) -> list[str]:
-    """The private functions of breaks.py that `fn` or a function nested in it calls (their
-    source goes along)."""
+    """The private functions of breaks.py that `fn`, a function nested in it or one of those
+    helpers calls (their source goes along)."""
     names, codes = [], [fn.__code__]
     while codes:
         code = codes.pop()
-        names += [n for n in code.co_names if n.startswith("_") and n not in names
-                  and inspect.isfunction(getattr(breaks, n, None))]
+        found = [n for n in code.co_names if n.startswith("_") and n not in names
+                 and inspect.isfunction(getattr(breaks, n, None))]
+        names += found
         codes += [c for c in code.co_consts if inspect.iscode(c)]
+        codes += [getattr(breaks, n).__code__ for n in found]
     return names
 
 
