@@ -112,6 +112,44 @@ def test_duplicate_id_reused_between_deliveries(tmp_path):
     assert tt.found(tmp_path, "finished.duplicate") == []
 
 
+
+def added(step, rid, seq=0):
+    """An add_request() of `rid` logged after step's schedule()."""
+    return {"step": step, "seq": seq, "req_id": rid}
+
+
+def _delivered_at_2_and_4(tmp_path, adds):
+    write(tmp_path, 5, A_DECODING[:2], requests=[intro(0, "a")], finish_events=[event(1, "a")],
+          finished=[fin(2, "a"), fin(4, "a")], added=[added(-1, "a")] + adds)
+    return tt.found(tmp_path, "finished.duplicate")
+
+
+def test_duplicate_readded_and_aborted_before_it_ran(tmp_path):
+    """Near miss (vLLM 0.32, found by the clean-run property test): the id is added again after
+    its first delivery and aborted before any step schedules it. That request is freed too, so
+    its id comes back, with no `requests` row between the two deliveries."""
+    assert _delivered_at_2_and_4(tmp_path, [added(2, "a", seq=5)]) == []
+
+
+def test_duplicate_readded_right_after_the_free(tmp_path):
+    """Near miss at the edge: added after step 1's schedule(), in the update of which the first
+    request finished (delivered with step 2): the add may follow the free, so it counts."""
+    assert _delivered_at_2_and_4(tmp_path, [added(1, "a", seq=3)]) == []
+
+
+def test_duplicate_add_while_the_first_request_ran_is_no_new_request(tmp_path):
+    """One below the edge: an add logged after step 0's schedule() came before the first
+    request's free (step 1's update), so it is not a new request of the freed id."""
+    assert _delivered_at_2_and_4(tmp_path, [added(0, "a", seq=1)]) == [
+        (4, "a", "already delivered at step 2")]
+
+
+def test_duplicate_add_after_the_second_delivery_is_too_late(tmp_path):
+    """One above the edge: an add logged after step 4's schedule() cannot explain what step 4
+    delivered."""
+    assert _delivered_at_2_and_4(tmp_path, [added(4, "a", seq=9)]) == [
+        (4, "a", "already delivered at step 2")]
+
 # --- finished.leaked ----------------------------------------------------------------------------
 
 def _finishes_at_step_2(tmp_path, n_steps, delivered, steps=None):
