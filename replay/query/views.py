@@ -510,6 +510,18 @@ release_ AS (
     SELECT engine, req_id, step AS end_step FROM preempted
     UNION ALL
     SELECT engine, req_id, step + 1 AS end_step FROM finish_events
+    UNION ALL
+    -- with batches in flight, a step scheduled before the update that finished its request
+    -- grants blocks the free in that update releases too: from the step after that grant on
+    -- (a grant of the same id after a new introduction is the next request's)
+    SELECT g.engine, g.req_id, g.step + 1 AS end_step
+    FROM (SELECT DISTINCT engine, req_id, step FROM grants
+          WHERE kind IS NOT NULL AND kind <> 'new') g
+    JOIN finish_events e ON e.engine = g.engine AND e.req_id = g.req_id
+         AND g.step > e.step AND g.step <= e.step + 16
+    LEFT JOIN requests r ON r.engine = g.engine AND r.req_id = g.req_id
+         AND r.step > e.step AND r.step <= g.step
+    WHERE r.req_id IS NULL
 ),
 spans AS (
     SELECT engine, req_id, MIN(step) AS first_step, MAX(step) AS last_step

@@ -107,6 +107,33 @@ def test_double_owner_blocks_reused_after_finish(tmp_path):
     assert tt.found(tmp_path, "blocks.double_owner") == []
 
 
+
+def _in_flight_grant_after_finish(tmp_path, b_step):
+    # two batches in flight (found by the clean-run property test on vLLM 0.32's
+    # AsyncScheduler): step 2 is scheduled before step 1's update, in which a finishes, so
+    # step 2 still grants a block 3; that update's free releases it with the rest
+    write(tmp_path, 5,
+          [new(0, "a", 0, 7, [1, 2]), cached(1, "a", 7, 1), cached(2, "a", 8, 1, [3]),
+           new(b_step, "b", 0, 4, [3])],
+          requests=[intro(0, "a", 7), intro(b_step, "b", 4)],
+          finish_events=[{"step": 1, "req_id": "a", "reason": "LENGTH",
+                          "source": "update_from_output", "t_ns": 2500}],
+          finished=[{"step": 3, "req_id": "a"}])
+
+
+def test_double_owner_block_granted_in_flight_after_the_finish_is_free_later(tmp_path):
+    """Near miss: the block granted in flight goes back to the pool with the finish, so a
+    step after that grant may hand it out again."""
+    _in_flight_grant_after_finish(tmp_path, b_step=3)
+    assert tt.found(tmp_path, "blocks.double_owner") == []
+
+
+def test_double_owner_block_granted_in_flight_is_held_in_its_own_step(tmp_path):
+    """The edge: in the step of the in-flight grant itself the block is a's."""
+    _in_flight_grant_after_finish(tmp_path, b_step=2)
+    assert tt.found(tmp_path, "blocks.double_owner") == [
+        (2, "b", "1 block(s) (e.g. 3) still held by a; prefix hits cover 0")]
+
 def test_double_owner_blocks_of_a_preempted_request(tmp_path):
     """A request preempted in step 1 gives its blocks up in that very step's schedule(): the
     request admitted in its place may take them at once."""
