@@ -216,7 +216,13 @@ ROW_BY_ROW = {
         WHERE s.kind IN ('cached', 'resumed') AND i.freed_step < s.step""",
     "tokens.beyond_model_len": """
         SELECT s.engine, s.step, s.req_id FROM scheduled s JOIN engines e ON e.engine = s.engine
-        WHERE s.num_computed_tokens + s.num_scheduled_tokens > e.max_model_len""",
+        LEFT JOIN instances i ON i.engine = s.engine AND i.req_id = s.req_id
+             AND s.step >= i.intro_step
+             AND (i.next_intro_step IS NULL OR s.step < i.next_intro_step)
+        LEFT JOIN requests r ON r.engine = i.engine AND r.req_id = i.req_id
+             AND r.step = i.intro_step
+        WHERE s.num_computed_tokens + s.num_scheduled_tokens > e.max_model_len
+              - CASE WHEN r.req_id IS NOT NULL AND r.pooling_params IS NULL THEN 1 ELSE 0 END""",
     "blocks.out_of_range": """
         SELECT DISTINCT engine, step, req_id FROM (
             SELECT engine, step, req_id, UNNEST(b) AS block_id FROM (

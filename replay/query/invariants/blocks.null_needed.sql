@@ -8,7 +8,8 @@
 -- relies_on: vllm/v1/core/block_pool.py BlockPool.null_block;
 --      vllm/v1/core/single_type_kv_cache_manager.py remove_skipped_blocks,
 --      SlidingWindowManager.find_longest_cache_hit, MambaManager.allocate_new_blocks;
---      vllm/v1/worker/block_table.py BlockTable.compute_slot_mapping
+--      vllm/v1/worker/block_table.py BlockTable.compute_slot_mapping;
+--      vllm/v1/worker/mamba_utils.py (a new or resumed request's prev_state_idx)
 -- needs: group_grants, kv_groups, engines
 -- columns: engine, step, req_id, details
 -- note: in an attention group (full, sliding window, chunked local) every table position from
@@ -62,6 +63,15 @@ mamba_starts AS (
           WHERE k.kind = 'mamba' AND k.block_size > 0 AND g.kind IN ('new', 'resumed')
             AND g.num_computed_tokens > 0 AND g.ids IS NOT NULL) u
     GROUP BY engine, step, req_id, grp, n, read_pos
+    UNION ALL
+    -- an empty table has nothing to unnest: no block at the state's position either
+    SELECT g.engine, g.step, g.req_id, g.grp, CAST(0 AS BIGINT) AS n,
+           (g.num_computed_tokens + k.block_size - 1) // k.block_size - 1 AS read_pos,
+           CAST(0 AS BIGINT) AS at_read
+    FROM group_grants g
+    JOIN groups_ k ON k.engine = g.engine AND k.grp = g.grp
+    WHERE k.kind = 'mamba' AND k.block_size > 0 AND g.kind IN ('new', 'resumed')
+      AND g.num_computed_tokens > 0 AND g.ids IS NOT NULL AND CARDINALITY(g.ids) = 0
 )
 SELECT engine, step, req_id,
        'KV cache group ' || CAST(grp AS VARCHAR) || ' (' || kind || '): the null block at table '

@@ -10,13 +10,18 @@
 --            Scheduler._make_cached_request_data
 -- needs: preempted, scheduled
 -- columns: engine, step, req_id, details
--- note: the first row after a preemption decides: a new row (the id freed and introduced
---       again) is a new request, not a return. Whether a resumed row carries its whole table
---       is lifecycle.resumed_without_blocks' and blocks.table_short's question.
+-- note: the first row from the preemption's step on decides: a new row (the id freed and
+--       introduced again) is a new request, not a return. A row in the very step that lists the
+--       preemption counts: reset_prefix_cache(reset_running_requests=True) preempts between two
+--       steps, and the next schedule() may resume the request in the step whose
+--       preempted_req_ids carries it (a preemption inside schedule() is never scheduled in that
+--       step); the worker's batch still holds it then, so a cached row appends to the stale
+--       table there too. Whether a resumed row carries its whole table is
+--       lifecycle.resumed_without_blocks' and blocks.table_short's question.
 WITH next_row AS (
     SELECT p.engine, p.step AS preempt_step, p.req_id, MIN(s.step) AS step
     FROM preempted p
-    JOIN scheduled s ON s.engine = p.engine AND s.req_id = p.req_id AND s.step > p.step
+    JOIN scheduled s ON s.engine = p.engine AND s.req_id = p.req_id AND s.step >= p.step
     WHERE s.kind IS NOT NULL
     GROUP BY p.engine, p.step, p.req_id
 )

@@ -200,20 +200,25 @@ def test_beyond_model_len_one_position_past(tmp_path):
     in the same step, stays within it and is not reported."""
     _long_prompt(tmp_path, last_step=4)
     assert tt.found(tmp_path, "tokens.beyond_model_len") == [
+        (3, "a", "num_computed_tokens 63 + scheduled 1 = max_model_len 64, no position left for the token it samples"),
         (4, "a", "num_computed_tokens 64 + scheduled 1 > max_model_len 64")]
 
 
 def test_beyond_model_len_against_the_engines_own_limit(tmp_path):
-    """The limit is the engine's setting: with max_model_len 63, step 3 (63 + 1) is past it."""
+    """The limit is the engine's setting: with max_model_len 63, step 2 (62 + 1) leaves no
+    position for its sampled token and step 3 (63 + 1) is past it."""
     _long_prompt(tmp_path, last_step=3, settings={"max_model_len": 63})
     assert tt.found(tmp_path, "tokens.beyond_model_len") == [
+        (2, "a", "num_computed_tokens 62 + scheduled 1 = max_model_len 63, no position left for the token it samples"),
         (3, "a", "num_computed_tokens 63 + scheduled 1 > max_model_len 63")]
 
 
 def test_beyond_model_len_last_position_exactly(tmp_path):
-    """Near miss: the trace ends at step 3, whose 63 + 1 = 64 reaches max_model_len exactly."""
+    """The trace ends at step 3, whose 63 + 1 = 64 reaches max_model_len exactly: the token
+    that row samples has no position left (the runner asserts it stays below max_model_len);
+    step 2 (62 + 1), one below, is clean."""
     _long_prompt(tmp_path, last_step=3)
-    assert tt.found(tmp_path, "tokens.beyond_model_len") == []
+    assert tt.found(tmp_path, "tokens.beyond_model_len") == [(3, "a", "num_computed_tokens 63 + scheduled 1 = max_model_len 64, no position left for the token it samples")]
 
 
 # --- tokens.beyond_request ---------------------------------------------------------------------
