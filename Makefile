@@ -7,7 +7,7 @@ STAMP := $(VENV)/.vllm-contract-installed
 # The tiny local model is built once into the checkout's .cache/.
 export VLLM_CONTRACT_CACHE ?= $(CURDIR)/.cache
 
-.PHONY: setup browser test demo bench fuzz spark compat samples docs clean reduce-all hybrid
+.PHONY: setup browser test demo bench fuzz fuzz-clean spark compat samples docs clean reduce-all hybrid
 
 setup: $(STAMP)
 
@@ -43,6 +43,13 @@ bench: $(STAMP)
 # The readers against many damaged copies of the samples (the suite runs a few dozen).
 fuzz: $(STAMP)
 	$(PY) bench/fuzz_reader.py --cases $${FUZZ_CASES:-1000}
+
+# The clean-run property (tests/query/test_fuzz_clean.py) at length: generated workloads on the
+# real Scheduler and AsyncScheduler, FUZZ_CLEAN_EXAMPLES of each (random seeds; the suite runs a
+# short fixed-seed profile), then a sample of them on real in-process and multiprocess engines
+fuzz-clean: $(STAMP)
+	VLLM_CONTRACT_FUZZ_EXAMPLES=$${FUZZ_CLEAN_EXAMPLES:-500} $(PY) -m pytest -q -p no:cacheprovider \
+		tests/query/test_fuzz_clean.py long/test_fuzz_clean_engines.py
 
 # The catalog on Spark against DuckDB on every sample and every trace the catalog's tests check.
 spark: $(STAMP)
