@@ -37,6 +37,13 @@ REGRESSIONS = {
     "readded_aborted_before_it_ran_async": Workload(batch_queue=2, ops=(
         ("add", "a", 1, 20, 0, 3, 0, 1), ("step", 2), ("abort", "a"),
         ("add", "a", 2, 20, 0, 3, 0, 1), ("abort", "a"), ("step", 3))),
+    # blocks.double_owner: with two batches in flight, a step scheduled before the update that
+    # finishes a request still grants it a block; the free in that update releases it, and the
+    # pool hands it to another request a few steps on
+    "block_granted_in_flight_after_finish": Workload(
+        ops=(("add", "d", 17, 40, 32, 24, 1, 1), ("step", 5), ("add", "b", 0, 23, 32, 96, 1, 1)),
+        num_blocks=10, max_num_batched_tokens=10, max_num_seqs=4, max_model_len=96,
+        enable_prefix_caching=False, num_spec_tokens=2, batch_queue=2),
 }
 
 
