@@ -29,8 +29,9 @@ browser:
 		|| (apt-get update -q && apt-get install -y -q --no-install-recommends chromium) \
 		|| echo "make: could not install chromium: apt-get install -y chromium"
 
+# two workers (pytest-xdist), each test file whole on one of them (module fixtures built once)
 test: $(STAMP) browser
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 --dist loadfile
 
 demo: $(STAMP)
 	$(VENV)/bin/vllm-contract demo --out demo-trace
@@ -60,7 +61,7 @@ spark: $(STAMP)
 compat: $(STAMP)
 	$(PY) compat/run.py window
 
-# every scheduler-side break of rig/breaks.py beyond the default suite's three, recorded, reduced
+# every scheduler-side break of rig/breaks.py beyond the default suite's one, recorded, reduced
 # and its pytest file run with the break and without (docs/reduce.md); long/ is outside the
 # testpaths of `make test` for its length
 reduce-all: $(STAMP)

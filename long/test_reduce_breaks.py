@@ -1,8 +1,9 @@
-"""`reduce` on every scheduler-side break of rig/breaks.py beyond the three of the default suite
-(tests/replay/test_reduce.py): each, as a vLLM Scheduler subclass (rig/bugged.py COVERED), is
-recorded on its workload (60 requests, over a thousand steps; few KV blocks where it needs
-preemption, batches in flight where it needs async scheduling, a hybrid engine's KV cache
-groups for the hybrid breaks: a sliding-window or Mamba group beside a full-attention one),
+"""`reduce` on every scheduler-side break of rig/breaks.py beyond the one of the default suite
+(tests/replay/test_reduce.py, rig/bugged.py IN_SUITE): each, as a vLLM Scheduler subclass
+(rig/bugged.py COVERED), is recorded on its workload (60 requests, over a thousand steps; few
+KV blocks where it needs preemption, batches in flight where it needs async scheduling, a
+hybrid engine's KV cache groups for the hybrid breaks: a sliding-window or Mamba group beside a
+full-attention one),
 cut down to at most 3 requests and 10 % of the steps, with no finding the recording lacked;
 the emitted pytest file, run where vllm_contract cannot be imported, fails with the subclass
 and passes with vLLM's Scheduler. Run by `make reduce-all` (docs/reduce.md has the table of
@@ -23,7 +24,7 @@ import reducekit
 
 MODULE = "long_reduce_bugs"
 # the default suite reduces these (tests/replay/test_reduce.py)
-NEW = [n for n in bugged.COVERED if n not in bugged.SCHEDULER_BREAKS]
+NEW = [n for n in bugged.COVERED if n not in bugged.IN_SUITE]
 
 
 @pytest.fixture(scope="module")

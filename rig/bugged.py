@@ -66,6 +66,9 @@ class Covered:
 # the named breaks (breaks.BREAKS), each with the invariant a reduction of its recording keeps
 SCHEDULER_BREAKS = {make.__name__: what.split(":")[0].split(" + ")[-1]
                     for _, make, what in breaks.BREAKS.values()}
+# the one the default suite reduces (tests/replay/test_reduce.py): each reduction records and
+# re-simulates over a thousand steps many times over; `make reduce-all` reduces every other
+IN_SUITE = ("drop_finished_once",)
 
 # every break of breaks.py that the real CPU scheduler's output can carry and that a what-if
 # re-run shows (docs/reduce.md has the table of those left out, and why)

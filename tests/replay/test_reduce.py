@@ -69,7 +69,7 @@ def small(bugs, model_copy, tmp_path_factory):
     return path, specs["drop_finished_once"]
 
 
-@pytest.mark.parametrize("name", list(bugged.SCHEDULER_BREAKS))
+@pytest.mark.parametrize("name", bugged.IN_SUITE)
 def test_each_named_break_is_reduced_to_a_pytest_file_that_fails_until_fixed(
         name, bugs, tiny_model, tmp_path):
     root, specs = bugs
