@@ -159,14 +159,22 @@ class EngineTrace:
             regular_file(p, root)
         return paths
 
+    def parts(self, table: str, columns: list[str] | None = None) -> Iterator[pa.Table]:
+        """A table's rows a segment at a time, in stored order (each at most the recorder's
+        segment size): the one walk of a table's rows, for a reader that must not hold a big
+        table whole. A segment that cannot be read is left out, noted as segment() notes it."""
+        for path in self.segments(table):
+            part = self.segment(path, columns)
+            if part is not None:
+                yield part
+
     def read(self, table: str, columns: list[str] | None = None) -> pa.Table:
         """A table's rows; only `columns` of them if given (Parquet then reads no others)."""
-        parts = [self.segment(p, columns) for p in self.segments(table)]
-        want = schema.schema(table)
-        if columns is not None:
-            want = pa.schema([want.field(c) for c in columns])
-        parts = [p for p in parts if p is not None]
+        parts = list(self.parts(table, columns))
         if not parts:
+            want = schema.schema(table)
+            if columns is not None:
+                want = pa.schema([want.field(c) for c in columns])
             return schema.empty(want)
         return pa.concat_tables(parts)
 

@@ -45,10 +45,6 @@ _PEERCRED = struct.Struct("3i")  # pid, uid, gid
 MAX_MESSAGE = 1 << 20
 
 
-def socket_path(pid: int) -> Path:
-    return run_dir() / f"{pid}.sock"
-
-
 def _line(obj: dict) -> bytes:
     """One line of strict JSON (ValueError for NaN or an infinity)."""
     return json.dumps(obj, default=str, allow_nan=False).encode() + b"\n"

@@ -13,7 +13,7 @@ import pyarrow as pa
 from vllm_contract import schema
 from vllm_contract.plain import dumps, to_plain
 from vllm_contract.recorder.columns import Column, FlatListColumn, IntColumn, RowTable
-from vllm_contract.recorder.snapshot import Scheduled
+from vllm_contract.recorder.snapshot import NewRequest, Scheduled
 
 
 # Token lists that carry the prompt: left out (NULL) when prompts are redacted.
@@ -228,18 +228,19 @@ class Columns:
 
     def _add_schedule(self, step: int, t_ns: int, dur_ns: int, state: tuple,
                       s: Scheduled) -> None:
-        running, waiting, usage = state
+        running, waiting, kv_usage = state
         self._steps.append((
             step, t_ns, dur_ns, s.total, len(s.new), len(s.req_ids), len(s.finished), running,
-            waiting, usage, s.preempted is None, s.invalid is None, len(s.new_token_ids),
+            waiting, kv_usage, s.preempted is None, s.invalid is None, len(s.new_token_ids),
             s.prefix_blocks, s.zero_blocks, s.structured, s.pending_structured, s.sync_kv_loads,
             s.spec_to_schedule))
-        at = s.all_token_ids
-        if at and self.redact:
-            at = {rid: self._tokens(step, rid, "all_token_ids", v) for rid, v in at.items()}
-        new_ids = self._new_requests(step, s, at)
-        in_order = self._cached_requests(step, s, at)
-        self._named_only(step, s, at, new_ids, in_order)
+        all_tokens = s.all_token_ids
+        if all_tokens and self.redact:
+            all_tokens = {rid: self._tokens(step, rid, "all_token_ids", ids)
+                          for rid, ids in all_tokens.items()}
+        new_ids = self._new_requests(step, s, all_tokens)
+        in_order = self._cached_requests(step, s, all_tokens)
+        self._named_only(step, s, all_tokens, new_ids, in_order)
         for rid in s.finished:
             self._add("finished", step=step, req_id=rid)
         for rid in s.preempted or ():
@@ -249,48 +250,51 @@ class Columns:
         self._extra(step, "SchedulerOutput", None, s.extra)
         self._extra(step, "CachedRequestData", None, s.cached_extra)
 
-    def _new_requests(self, step: int, s: Scheduled, at: dict) -> list[str]:
-        nst, spec, enc, inv = s.num_scheduled_tokens, s.spec, s.encoder, s.invalid or {}
+    def _new_requests(self, step: int, s: Scheduled, all_tokens: dict) -> list[str]:
+        scheduled_tokens, spec, encoder, invalid = (s.num_scheduled_tokens, s.spec, s.encoder,
+                                                    s.invalid or {})
         new_ids = []
-        for pos, item in enumerate(s.new):
-            r = item["req"]
-            new_ids.append(r.req_id)
-            self._add("scheduled", step=step, req_id=r.req_id, kind="new", pos=pos,
-                      resumed=False, num_scheduled_tokens=nst.get(r.req_id),
-                      num_computed_tokens=r.num_computed_tokens, new_block_ids=item["block_ids"],
-                      spec_token_ids=spec.get(r.req_id),
-                      num_invalid_spec_tokens=inv.get(r.req_id),
-                      encoder_inputs=enc.get(r.req_id), all_token_ids=at.get(r.req_id))
-            self._request(step, pos, r, item)
+        for pos, new in enumerate(s.new):
+            req = new["req"]
+            rid = req.req_id
+            new_ids.append(rid)
+            self._add("scheduled", step=step, req_id=rid, kind="new", pos=pos,
+                      resumed=False, num_scheduled_tokens=scheduled_tokens.get(rid),
+                      num_computed_tokens=req.num_computed_tokens,
+                      new_block_ids=new["block_ids"], spec_token_ids=spec.get(rid),
+                      num_invalid_spec_tokens=invalid.get(rid),
+                      encoder_inputs=encoder.get(rid), all_token_ids=all_tokens.get(rid))
+            self._request(step, pos, req, new)
         return new_ids
 
-    def _cached_requests(self, step: int, s: Scheduled, at: dict) -> bool:
+    def _cached_requests(self, step: int, s: Scheduled, all_tokens: dict) -> bool:
         """CachedRequestData's rows. They arrive column-wise already: whole columns, and runs for
         the columns that are constant in a decode step (see columns.py). True when
         num_scheduled_tokens lists the cached ids first, in order (what vLLM does)."""
-        c = self.cols["scheduled"]
+        cols = self.cols["scheduled"]
         req_ids, resumed = s.req_ids, s.resumed
         n = len(req_ids)
-        c["step"].repeat(step, n)
-        c["req_id"].extend(req_ids)
+        cols["step"].repeat(step, n)
+        cols["req_id"].extend(req_ids)
         if resumed:
             is_resumed = [rid in resumed for rid in req_ids]
-            c["kind"].extend(["resumed" if f else "cached" for f in is_resumed])
-            c["resumed"].extend(is_resumed)
+            cols["kind"].extend(["resumed" if f else "cached" for f in is_resumed])
+            cols["resumed"].extend(is_resumed)
         else:
-            c["kind"].repeat("cached", n)
-            c["resumed"].repeat(False, n)
-        c["pos"].extend_range(n)
+            cols["kind"].repeat("cached", n)
+            cols["resumed"].repeat(False, n)
+        cols["pos"].extend_range(n)
         # vLLM fills num_scheduled_tokens with the cached requests first, in req_ids order, then
         # the new ones: the column is then one slice of its values, and no id goes unnamed.
-        nst = s.num_scheduled_tokens
-        in_order = list(nst)[:n] == list(req_ids)
-        c["num_scheduled_tokens"].extend(
-            list(nst.values())[:n] if in_order else list(map(nst.get, req_ids)))
-        c["num_computed_tokens"].extend(s.num_computed_tokens)
-        c["num_output_tokens"].extend(s.num_output_tokens)
+        scheduled_tokens = s.num_scheduled_tokens
+        in_order = list(scheduled_tokens)[:n] == list(req_ids)
+        cols["num_scheduled_tokens"].extend(
+            list(scheduled_tokens.values())[:n] if in_order
+            else list(map(scheduled_tokens.get, req_ids)))
+        cols["num_computed_tokens"].extend(s.num_computed_tokens)
+        cols["num_output_tokens"].extend(s.num_output_tokens)
         count, where, blocks = s.new_block_ids  # sparse, see snapshot.py
-        col = c["new_block_ids"]
+        col = cols["new_block_ids"]
         if any(blocks):
             prev = 0
             for i, b in zip(where, blocks):
@@ -300,37 +304,41 @@ class Columns:
             col.repeat(None, count - prev)
         else:  # as NULLs, like a step without new blocks (also when every entry is empty)
             col.repeat(None, n)
-        ntok = s.new_token_ids
-        if ntok:
-            c["new_token_ids"].extend(ntok[:n] + [None] * (n - len(ntok[:n])))
+        new_tokens = s.new_token_ids
+        if new_tokens:
+            cols["new_token_ids"].extend(new_tokens[:n] + [None] * (n - len(new_tokens[:n])))
         else:
-            c["new_token_ids"].repeat(None, n)
-        for name, d in (("all_token_ids", at), ("spec_token_ids", s.spec),
-                        ("num_invalid_spec_tokens", s.invalid), ("encoder_inputs", s.encoder)):
-            if d:
-                c[name].extend(list(map(d.get, req_ids)))
+            cols["new_token_ids"].repeat(None, n)
+        for name, by_id in (("all_token_ids", all_tokens), ("spec_token_ids", s.spec),
+                            ("num_invalid_spec_tokens", s.invalid),
+                            ("encoder_inputs", s.encoder)):
+            if by_id:
+                cols[name].extend(list(map(by_id.get, req_ids)))
             else:
-                c[name].repeat(None, n)
-        if len(ntok) > n:  # only a broken scheduler sends more token lists than requests
+                cols[name].repeat(None, n)
+        if len(new_tokens) > n:  # only a broken scheduler sends more token lists than requests
             self._extra(step, "CachedRequestData", None,
-                        [("new_token_ids", "builtins.list", 0, ntok, None)])
+                        [("new_token_ids", "builtins.list", 0, new_tokens, None)])
         return in_order
 
-    def _named_only(self, step: int, s: Scheduled, at: dict, new_ids: list[str],
+    def _named_only(self, step: int, s: Scheduled, all_tokens: dict, new_ids: list[str],
                     in_order: bool) -> None:
         """Ids named only by a per-request dict or set: exactly what a broken scheduler
         produces."""
-        nst, spec, enc, inv, resumed = (s.num_scheduled_tokens, s.spec, s.encoder, s.invalid,
-                                        s.resumed)
+        scheduled_tokens, spec, encoder, invalid, resumed = (
+            s.num_scheduled_tokens, s.spec, s.encoder, s.invalid or {}, s.resumed)
         n = len(s.req_ids)
-        if in_order and list(nst)[n:] == new_ids and not (spec or enc or inv or at or resumed):
-            return  # nst's keys are exactly the ids named (dict keys are unique)
+        if (in_order and list(scheduled_tokens)[n:] == new_ids
+                and not (spec or encoder or invalid or all_tokens or resumed)):
+            return  # its keys are exactly the ids named (dict keys are unique)
         named = set(new_ids).union(s.req_ids)
-        for rid in sorted(set(nst).union(spec, enc, inv or (), at, resumed) - named):
+        for rid in sorted(set(scheduled_tokens).union(spec, encoder, invalid, all_tokens,
+                                                      resumed) - named):
             self._add("scheduled", step=step, req_id=rid, kind=None, pos=None,
-                      resumed=rid in resumed, num_scheduled_tokens=nst.get(rid),
-                      spec_token_ids=spec.get(rid), encoder_inputs=enc.get(rid),
-                      num_invalid_spec_tokens=(inv or {}).get(rid), all_token_ids=at.get(rid))
+                      resumed=rid in resumed, num_scheduled_tokens=scheduled_tokens.get(rid),
+                      spec_token_ids=spec.get(rid), encoder_inputs=encoder.get(rid),
+                      num_invalid_spec_tokens=invalid.get(rid),
+                      all_token_ids=all_tokens.get(rid))
 
     def _tokens(self, step: int, req_id: str, field: str, ids):
         """ids, or with redaction None and a `redacted` row (length and hash)."""
@@ -340,7 +348,7 @@ class Columns:
                   sha256=token_hash(ids))
         return None
 
-    def _request(self, step: int, pos: int, r: Any, item: dict) -> None:
+    def _request(self, step: int, pos: int, r: Any, new: NewRequest) -> None:
         embeds = getattr(r, "prompt_embeds", None)
         prompt = r.prompt_token_ids
         self._add("requests", step=step, req_id=r.req_id, pos=pos,
@@ -362,7 +370,7 @@ class Columns:
                       identifier=getattr(f, "identifier", None), mm_hash=getattr(f, "mm_hash", None),
                       modality=getattr(f, "modality", None), offset=getattr(where, "offset", None),
                       length=getattr(where, "length", None))
-        self._extra(step, "NewRequestData", r.req_id, item["extra"])
+        self._extra(step, "NewRequestData", r.req_id, new["extra"])
 
     def add_update(self, step: int, t_ns: int, dur_ns: int, m: dict, finishes: list,
                    transport: list = ()) -> None:

@@ -16,7 +16,7 @@ import struct
 from array import array
 from itertools import chain, compress, repeat
 from operator import is_not
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypedDict
 
 from vllm_contract.fields import OPAQUE, WITH_COLUMN
 from vllm_contract.plain import opaque, to_plain, type_name
@@ -127,9 +127,17 @@ _NO_IDS = frozenset()
 _NO_ITEMS: dict = {}  # never mutated: the writer only reads snapshots
 
 
+class NewRequest(TypedDict):
+    """One NewRequestData as the writer needs it. A dict literal, not a class of ours: the
+    engine thread builds one per new request, and a literal is the cheapest thing to build."""
+    req: Any  # the NewRequestData: sampling params & co are immutable once the request exists
+    block_ids: tuple | None  # copied: the scheduler's lists may change before the writer runs
+    extra: list[tuple]  # _extras() of the NewRequestData
+
+
 class Scheduled(NamedTuple):
     """One SchedulerOutput as the writer needs it (see rows.Columns.add_schedule)."""
-    new: Any  # per NewRequestData: {"req", "block_ids" (copied), "extra"}
+    new: list[NewRequest] | tuple
     req_ids: tuple  # CachedRequestData's columns from here to num_output_tokens
     resumed: Any
     new_token_ids: list
@@ -156,9 +164,9 @@ class Scheduled(NamedTuple):
 
 
 def scheduler_output(so: Any, fields: Fields) -> Scheduled:
-    new = [
+    new: list[NewRequest] = [
         {
-            "req": r,  # sampling params & co are immutable once the request exists
+            "req": r,
             "block_ids": _blocks(r.block_ids),
             "extra": _extras(r, fields.extra["NewRequestData"], fields.pickle_opaque),
         }

@@ -124,7 +124,6 @@ class Harness:
         self.overlapped = 0  # schedule() calls made while an earlier batch was in flight
         self.outputs: dict[str, list[int]] = {}  # req_id -> tokens the engine emitted
         self.model_outputs: list[tuple[list[str], list[list[int]]]] = []  # what we fed, per step
-        self._drafts_accepted = 0
 
     def _spec(self, group: dict) -> Any:
         """A vLLM KV cache spec of the class the group names, at the harness's block size."""

@@ -16,7 +16,7 @@ a worker's late output can never land on a successor; the fabricated model canno
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from vllm_contract.rig.harness import Harness, HarnessConfig
 from vllm_contract.rig.scenarios import MAMBA_FULL, SLIDING_FULL, prompt
@@ -101,7 +101,3 @@ def play(w: Workload, model_dir: str, trace_dir: str | None = None,
     if h.busy:
         raise RuntimeError(f"the workload did not drain in {max_steps} steps: {w}")
     return h
-
-
-def with_ops(w: Workload, ops) -> Workload:
-    return replace(w, ops=tuple(ops))

@@ -38,7 +38,7 @@ class FindingsPane(Vertical):
         table.clear()
         for i, f in enumerate(findings):
             table.add_row("-" if f.step is None else str(f.step), f.severity, f.invariant,
-                          f.req_id or "", f.message.split(": ", 1)[-1][:200], key=str(i))
+                          f.req_id or "", f.details[:200], key=str(i))
         if not findings:
             self.query_one("#why", Static).update("no findings")
         else:

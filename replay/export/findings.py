@@ -40,7 +40,7 @@ def table(report, invariants, fail_on: str, examples: int = 3) -> Rendered:
         for f in found[:examples]:
             where = f"step {f.step}" if f.step is not None else "trace"
             who = f" req {f.req_id}" if f.req_id else ""
-            lines.append(f"        {where}{who}: {f.message.split(': ', 1)[-1]}")
+            lines.append(f"        {where}{who}: {f.details}")
         if len(found) > examples:
             lines.append(f"        ... {len(found) - examples} more")
     for inv_id, why in report.skipped.items():

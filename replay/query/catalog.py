@@ -137,21 +137,26 @@ def load(extra_dirs: list[Path] | None = None, builtin: bool = True) -> list[Inv
     """The built-in checks and those in `extra_dirs`. The `needs:` of a check from
     `extra_dirs` is checked here (check_needs); the built-in checks' are not: they change only
     with the package, whose tests check them (tests/query/test_needs.py), and DuckDB's parser
-    over every one of them would be most of a short command's start."""
+    over every one of them would be most of a short command's start. A built-in check's file
+    is named by its id (`invariants/<id>.sql`: the docs link each check's source by that
+    name); a user's checks may be named as their author likes."""
     dirs = ([(BUILTIN_DIR, False)] if builtin else []) + [(Path(d), True)
                                                           for d in extra_dirs or []]
     found: dict[str, Invariant] = {}
     con = None
     try:
-        for d, check in dirs:
+        for d, users in dirs:
             if not d.is_dir():
                 raise TraceError(f"{d}: no such invariants directory")
             for path in sorted(d.glob("*.sql")):
                 inv = parse(path)
+                if not users and path.stem != inv.id:
+                    raise TraceError(f"{path}: malformed check: a built-in check's file is "
+                                     f"named by its id, {inv.id}.sql")
                 if inv.id in found:
                     raise TraceError(f"{path}: duplicate check id {inv.id!r} "
                                      f"(also in {found[inv.id].path})")
-                if check:
+                if users:
                     con = con or duckdb.connect()
                     check_needs(inv, con)
                 found[inv.id] = inv

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable, Protocol, runtime_checkable
 
 from vllm_contract import schema
 from vllm_contract.errors import TraceError
@@ -10,7 +10,33 @@ from vllm_contract.findings import Finding, Report
 from vllm_contract.replay.query.base import QueryGateway
 from vllm_contract.replay.query.catalog import Invariant
 from vllm_contract.replay.query.deps import stored_before
-from vllm_contract.replay.query.gateway import Gateway
+
+
+@runtime_checkable
+class _Checkable(Protocol):
+    """What run() reads of any gateway (base.QueryGateway has it all): checked up front so that
+    another object fails with one line naming what it lacks, not deep in a check."""
+    views: list[str]
+    present: set[str]
+
+    def is_materialized(self, view: str) -> bool: ...
+    def materialize(self, view: str) -> None: ...
+    def sql(self, query: str) -> Any: ...
+
+
+class _Cursor(Protocol):
+    def interrupt(self) -> None: ...
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class Cursors(Protocol):
+    """What the checker needs of a gateway to run checks side by side: a cursor per thread,
+    which `sql(query, con=cursor)` runs on and which interrupt() stops. DuckDB's Gateway has
+    them; a gateway without (Spark's, which spreads a query over its own executors) runs the
+    checks one after another."""
+    def cursor(self) -> _Cursor: ...
+    def sql(self, query: str, con: Any = None) -> Any: ...
 
 
 def select(invariants: list[Invariant], only: list[str] | None) -> list[Invariant]:
@@ -29,6 +55,11 @@ def run(gateway: QueryGateway, invariants: list[Invariant],
     """Every check over the trace. On DuckDB, `workers` cursors run the checks side by side
     once the views they share are stored: on a short trace each check's cost is planning,
     which one connection does one query at a time."""
+    if not isinstance(gateway, _Checkable):
+        lacks = [m for m in ("views", "present", "is_materialized", "materialize", "sql")
+                 if not hasattr(gateway, m)]
+        raise TypeError(f"checker.run needs a query gateway (replay/query/base.py), not a "
+                        f"{type(gateway).__name__}, which lacks {', '.join(lacks)}")
     skipped: dict[str, str] = {}
     views = set(gateway.views)
     derived = views - set(schema.TABLE_NAMES)  # views computed from the tables, always there
@@ -81,7 +112,7 @@ def _run_queries(gateway: QueryGateway, runnable: list[Invariant], progress, tot
         except TraceError as e:
             raise TraceError(f"check {inv.id} ({inv.path}): {e}") from None
 
-    if workers <= 1 or len(runnable) < 2 or not isinstance(gateway, Gateway):
+    if workers <= 1 or len(runnable) < 2 or not isinstance(gateway, Cursors):
         out = []
         for n, inv in enumerate(runnable):
             if progress:

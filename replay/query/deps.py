@@ -65,8 +65,19 @@ def view_reads() -> dict[str, frozenset]:
     return {name: frozenset(reads(body)) for name, body in derived_views(["engine"]).items()}
 
 
+@lru_cache(maxsize=1)
+def _derived() -> tuple[str, ...]:
+    """The derived views' names in creation order, known without parsing them."""
+    return tuple(derived_views(["engine"]))
+
+
 def through(names) -> set[str]:
     """`names` and every table and view read through the derived views among them."""
+    names = set(names)
+    # Names of tables alone read nothing more, and need no parse of every derived view
+    # (view_reads): `info`'s integrity checks read only tables.
+    if names.isdisjoint(_derived()):
+        return names
     graph = view_reads()
     out, todo = set(), list(names)
     while todo:
@@ -81,7 +92,7 @@ def derived_read(names) -> list[str]:
     """The derived views among `names` and those they read, in creation order (each reads only
     views before it)."""
     wanted = through(names)
-    return [v for v in view_reads() if v in wanted]
+    return [v for v in _derived() if v in wanted]
 
 
 def stored_before(name: str) -> tuple[str, ...]:

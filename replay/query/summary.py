@@ -163,7 +163,7 @@ def summary(trace: Trace, gateway: QueryGateway | None = None) -> dict:
         for f in checker.run(gateway, checks).findings:
             into = notes if f.severity == "info" else checked
             into.setdefault(str(f.engine), []).append(
-                f.message[len(f.title) + 2:] if f.severity == "info"
+                f.details if f.severity == "info"
                 else f"{f.invariant}: {f.message}")
     return {"root": str(trace.root),
             "engines": [engine_summary(e, None if checked is None else checked[e.name],

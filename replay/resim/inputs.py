@@ -91,15 +91,6 @@ class _Window:
         return t if columns is None else t.select(columns)
 
 
-def _parts(engine, table: str) -> Iterator[pa.Table]:
-    """A table's rows a segment at a time in stored order: each at most the recorder's
-    segment size, compacted or not (compaction turns each stream segment into one Parquet)."""
-    for path in engine.segments(table):
-        part = engine.segment(path)
-        if part is not None:
-            yield part
-
-
 class _Stream:
     """One table's rows for steps lo..hi-1, read forward a part at a time and let go of once
     the run has passed them: memory is a few parts, not the table. Rows are written in step
@@ -113,7 +104,8 @@ class _Stream:
         self._restart()
 
     def _restart(self) -> None:
-        self._parts = _parts(self.engine, self.table)
+        # a segment at a time (compacted or not), at most the recorder's segment size each
+        self._parts = self.engine.parts(self.table)
         self._held: list[tuple[pa.Table, np.ndarray]] = []  # each sorted by step, its steps
         self._last_start: int | None = None  # the first step of the part read last
         self._done = False
@@ -231,7 +223,7 @@ class Outputs:
         self.streams: dict[tuple[str, int], array] = {}
         self.by_step = ByStep(self)
         self._engine, self._inc = engine, incarnations or {}
-        self._parts = None if engine is None else _parts(engine, "model_outputs")
+        self._parts = None if engine is None else engine.parts("model_outputs")
         self._held: list[tuple[pa.Table, np.ndarray]] = []  # for by_step, sorted by step
         self._loaded_to: int | None = None  # the last step read
         self._released: set[tuple[str, int]] = set()
@@ -249,7 +241,7 @@ class Outputs:
 
     def sorted_parts(self) -> Iterator[pa.Table]:
         if self._engine is not None:
-            for part in _parts(self._engine, "model_outputs"):
+            for part in self._engine.parts("model_outputs"):
                 yield self._sorted(part)
 
     def _advance(self) -> bool:
@@ -460,7 +452,7 @@ def _scheduled(engine) -> pa.Table:
 def _intro(engine) -> dict[str, list[int]]:
     """req_id -> the steps that introduce it (scheduled as new), read a part at a time."""
     news = []
-    for part in _parts(engine, "scheduled"):
+    for part in engine.parts("scheduled"):
         part = part.select(["step", "req_id", "kind", "pos"])
         news.append(part.filter(pc.fill_null(pc.equal(part["kind"], "new"), False)))
     if not news:

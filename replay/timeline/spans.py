@@ -13,8 +13,6 @@ import numpy as np
 
 from vllm_contract.errors import TraceError
 
-PHASES = ("waiting", "prefill", "decode", "preempted")
-
 # counters drawn beside the steps: (name, unit, the steps column)
 COUNTERS = (("tokens per step", "tokens", "tokens"), ("running", "requests", "num_running"),
             ("waiting", "requests", "num_waiting"), ("KV usage", "%", "kv_pct"),

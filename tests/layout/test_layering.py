@@ -240,12 +240,16 @@ def test_pyspark_only_in_the_spark_module_and_only_lazily():
     assert _violations("replay", ("pyspark",), top_level_only=True) == []
 
 
-# replay's public face: the names `vllm_contract.replay` exports (a `from vllm_contract.replay
-# import Session` reads as vllm_contract.replay.Session)
-REPLAY_FACE = ("vllm_contract.replay.trace", "vllm_contract.replay.open_trace",
-               "vllm_contract.replay.Trace", "vllm_contract.replay.Gateway",
-               "vllm_contract.replay.Session", "vllm_contract.replay.Invariant",
-               "vllm_contract.replay.load_catalog", "vllm_contract.replay.run_checks")
+def _replay_face() -> frozenset[str]:
+    """replay's public face: the names `vllm_contract.replay` exports, read from its __all__ (a
+    `from vllm_contract.replay import Session` reads as vllm_contract.replay.Session). Importing
+    the package loads none of them: it resolves each name when first used."""
+    import vllm_contract.replay as face
+
+    return frozenset(f"vllm_contract.replay.{name}" for name in face.__all__)
+
+
+REPLAY_FACE = _replay_face()
 
 
 def test_tui_uses_the_replay_face_and_never_the_recorder():

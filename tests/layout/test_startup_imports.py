@@ -49,6 +49,24 @@ def test_help_and_a_typo_load_nothing_to_read_a_trace_with(args):
     assert not loaded & {"duckdb", "pandas", "pyarrow", "numpy"}, loaded
 
 
+# What `--help` must never load (issue 54): each is a module name as sys.modules holds it, the
+# engine or view of a command (DuckDB, pyarrow's compute kernels, vLLM, the TUI, the report's
+# charts), which only that command may import, inside its function.
+HELP_NEVER = ("duckdb", "pyarrow.compute", "vllm", "textual", "matplotlib")
+
+
+def test_help_loads_no_command_engine():
+    loaded = _modules_after(_command("--help"))
+    assert "typer" in loaded  # the command line did run
+    assert sorted(m for m in HELP_NEVER if m in loaded) == [], sorted(_top(loaded))
+
+
+def test_the_help_probe_sees_a_module_by_its_full_name():
+    # pyarrow.compute is a submodule: the probe must name it, not only its package
+    loaded = _modules_after("import pyarrow.compute")
+    assert "pyarrow.compute" in loaded and "pyarrow.compute" in HELP_NEVER
+
+
 @pytest.mark.parametrize("command", ["info", "check"])
 def test_info_and_check_of_a_sample_do_not_load_pandas(command):
     loaded = _modules_after(_command(command, str(SAMPLE)))
