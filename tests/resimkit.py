@@ -73,7 +73,7 @@ def assert_re_runs_identically(trace: Path, engine: str | None = None):
     """`resim` on a recording: from its input log, every step identical; the summary."""
     from vllm_contract import replay
 
-    run = replay.resim(trace, engine)
+    run = replay.resim(trace, engine=engine)
     results = list(run)
     s = run.summary
     assert s.first is None, s.first.difference

@@ -10,14 +10,19 @@ from __future__ import annotations
 import sys
 import types
 
+from vllm_contract.replay.resim.core import ResimRun, StepResult, Summary
 from vllm_contract.replay.resim.debug import Break, Pending
-from vllm_contract.replay.resim.run import Resim, StepResult, Summary, resim
+from vllm_contract.replay.resim.options import ResimOptions
+from vllm_contract.replay.resim.prepare import resim
+from vllm_contract.replay.resim.run import Resim
+from vllm_contract.replay.resim.whatif_run import WhatIf
 
-__all__ = ["Break", "Pending", "Resim", "StepResult", "Summary", "resim"]
+__all__ = ["Break", "Pending", "Resim", "ResimOptions", "ResimRun", "StepResult", "Summary",
+           "WhatIf", "resim"]
 
 
 class _CallablePackage(types.ModuleType):
-    def __call__(self, *args, **kwargs) -> Resim:
+    def __call__(self, *args, **kwargs) -> ResimRun:
         return resim(*args, **kwargs)
 
 

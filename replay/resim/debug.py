@@ -44,7 +44,7 @@ class Break:
     - recorded: the recording's SchedulerOutput for the step, in canonical form
       (replay/worker/canonical.py), which the re-run's is compared with
     - recorded_finishes: (req_id, reason) the recording's update of the step finished
-    - run: the Resim itself (its inputs, notes, summary so far)
+    - run: the run itself, a Resim or a WhatIf (its inputs, notes, summary so far)
     """
     step: int
     scheduler: Any

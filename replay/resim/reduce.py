@@ -109,14 +109,16 @@ class _Stop(Exception):
 
 def _re_run(job: dict) -> Outcome:
     """One candidate re-run and checked (in this process or a pool's)."""
-    from vllm_contract.replay.resim.run import resim
+    from vllm_contract.replay.resim.options import ResimOptions
+    from vllm_contract.replay.resim.prepare import resim
 
     out = Path(job["out"])
     # the original's findings are known: not checked again
     try:
-        run = resim(job["trace"], job["engine"], job["cls"], job["sets"] or None, whatif=True,
-                    keep=job["keep"], until=job["until"], out=out, check_recording=False,
-                    trim=job["trim"])
+        run = resim(job["trace"], ResimOptions(
+            engine=job["engine"], scheduler_cls=job["cls"], overrides=job["sets"] or None,
+            whatif=True, keep=job["keep"], until=job["until"], out=out,
+            check_recording=False, trim=job["trim"]))
     except (TraceError, ValueError) as e:  # a setting vLLM refuses (a budget below a prompt)
         shutil.rmtree(out, ignore_errors=True)
         return Outcome(False, error=str(e))

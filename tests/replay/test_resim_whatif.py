@@ -208,3 +208,34 @@ def test_a_what_if_run_of_some_of_the_requests_adds_only_those(trace, tmp_path):
     assert run.summary.recorded.errors == 0
     with pytest.raises(Exception, match="what-if run of a trace with an input log"):
         replay.resim(trace, keep={"r1"})
+
+
+def test_one_options_object_or_its_fields_by_name_make_the_same_run(trace):
+    """resim() takes a ResimOptions whole, or its fields by name over it; a what-if run is a
+    class of its own over the stepping core, the strict re-run another."""
+    from vllm_contract.replay.resim import Resim, ResimOptions, WhatIf
+
+    opts = ResimOptions(overrides={"max_num_batched_tokens": BUDGET // 2}, whatif=True)
+    whole = replay.resim(trace, opts)
+    by_name = replay.resim(trace, overrides={"max_num_batched_tokens": BUDGET // 2},
+                           whatif=True)
+    assert isinstance(whole, WhatIf) and whole.options == by_name.options == opts
+    assert whole.summary.as_dict() == by_name.summary.as_dict()
+    strict = replay.resim(trace, opts, whatif=False, overrides=None)
+    assert isinstance(strict, Resim) and strict.options.overrides is None
+    assert strict.summary.identical
+    with pytest.raises(TypeError, match="engine="):
+        replay.resim(trace, "engine0")
+
+
+def test_the_what_if_driver_uses_only_the_run_cores_public_face():
+    import ast
+    import inspect
+
+    from vllm_contract.replay.resim import whatif_run
+
+    tree = ast.parse(inspect.getsource(whatif_run.Driver))
+    read = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and (
+        isinstance(n.value, ast.Name) and n.value.id == "rs"
+        or isinstance(n.value, ast.Attribute) and n.value.attr == "rs")}
+    assert "scheduler" in read and [a for a in read if a.startswith("_")] == []
