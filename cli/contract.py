@@ -9,8 +9,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from vllm_contract.cli.common import emit, fail, format_choice, quiet_vllm
-from vllm_contract.errors import TraceError
+from vllm_contract.cli.common import ExitCode, emit, fail, format_choice, quiet_vllm
 
 app = typer.Typer()
 
@@ -50,13 +49,10 @@ def contract(
     if dump:
         typer.echo(json.dumps(now.as_dict(), indent=2))
         return
-    try:
-        before = c.load(against or "seed", seeds.resolve())
-    except TraceError as e:
-        fail(e)
+    before = c.load(against or "seed", seeds.resolve())
     changes = c.diff(before, now)
     from vllm_contract.replay.export import render
 
     emit(render("contract", fmt.value, changes, before, now))
     if any(ch.breaks for ch in changes):
-        raise typer.Exit(1)
+        raise typer.Exit(ExitCode.FOUND)

@@ -3,14 +3,12 @@ one HTML page (docs/report.md)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
-from vllm_contract.cli.common import Progress, err, fail
-from vllm_contract.errors import TraceError
+from vllm_contract.cli.common import JsonAlias, chosen, emit, fail, format_choice, progress_line
 
 app = typer.Typer()
 
@@ -19,7 +17,9 @@ First = Annotated[Optional[int], typer.Option("--from", help="The first step dra
 Last = Annotated[Optional[int], typer.Option("--until", help="The last step drawn.")]
 Engine = Annotated[Optional[str], typer.Option("--engine", help="Only this engine (default "
                                                "all: a process, or a section, each).")]
-Json = Annotated[bool, typer.Option("--json", help="What was written, as JSON.")]
+# what was written: a line on stderr (table), or its counts as JSON on stdout
+ExportFormat = format_choice("ExportFormat", "export")
+ReportFormat = format_choice("ReportFormat", "report")
 
 
 @app.command()
@@ -31,7 +31,8 @@ def export(
     first: First = None,
     last: Last = None,
     engine: Engine = None,
-    json_out: Json = False,
+    format: Annotated[ExportFormat, typer.Option("--format", "-f")] = ExportFormat.table,
+    json_out: JsonAlias = False,
 ) -> None:
     """A timeline of the trace: per engine a process with a track of steps (with their counts
     as arguments), counters (tokens per step, running, waiting, KV usage, schedule() time),
@@ -41,21 +42,12 @@ def export(
 
     if perfetto.exists() and perfetto.is_dir():
         fail(f"--perfetto {perfetto} is a directory: give a file name")
-    bar = Progress()
-    try:
-        counts = run_export(trace, perfetto, engine=engine, first=first, last=last,
-                            progress=lambda done, total: bar.show(
-                                f"exporting: {done:,} of {total:,} steps"))
-    except TraceError as e:
-        bar.end()
-        fail(e)
+    bar = progress_line("exporting: {n:,} of {total:,} steps")
+    counts = run_export(trace, perfetto, engine=engine, first=first, last=last, progress=bar)
     bar.end()
-    if json_out:
-        typer.echo(json.dumps({"perfetto": str(perfetto), **counts}, indent=2))
-        return
-    err(f"wrote {perfetto}: {counts['engines']} engine(s), {counts['steps']:,} steps, "
-        f"{counts['requests']:,} requests in {counts['lanes']:,} lanes, "
-        f"{counts['findings']:,} findings, {counts['bytes']:,} bytes")
+    from vllm_contract.replay.export import render
+
+    emit(render("export", chosen(format, json_out), counts, perfetto))
 
 
 @app.command()
@@ -66,7 +58,8 @@ def report(
     first: First = None,
     last: Last = None,
     engine: Engine = None,
-    json_out: Json = False,
+    format: Annotated[ReportFormat, typer.Option("--format", "-f")] = ReportFormat.table,
+    json_out: JsonAlias = False,
 ) -> None:
     """A self-contained HTML page to attach to a bug report: `info`'s summary, the findings
     with their why and the vLLM code they rely on, and charts of tokens per step, batch size,
@@ -76,15 +69,9 @@ def report(
 
     if out.exists() and out.is_dir():
         fail(f"--out {out} is a directory: give a file name")
-    bar = Progress(every=2.0)
-    try:
-        counts = write(trace, out, engine=engine, first=first, last=last, progress=bar.show)
-    except TraceError as e:
-        bar.end()
-        fail(e)
+    bar = progress_line(every=2.0)
+    counts = write(trace, out, engine=engine, first=first, last=last, progress=bar.show)
     bar.end()
-    if json_out:
-        typer.echo(json.dumps(counts, indent=2))
-        return
-    err(f"wrote {out}: {counts['engines']} engine(s), {counts['charts']} charts, "
-        f"{counts['findings']:,} findings, {counts['bytes']:,} bytes")
+    from vllm_contract.replay.export import render
+
+    emit(render("report", chosen(format, json_out), counts, out))

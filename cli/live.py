@@ -18,7 +18,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from vllm_contract.cli.common import ExitCode, Progress, emit, err, fail, format_choice, warn
+from vllm_contract.cli.common import ExitCode, emit, err, fail, format_choice, progress_line, warn
 
 app = typer.Typer()
 
@@ -294,7 +294,7 @@ def attach(
 def _wait_for_end(started: list[tuple[dict, int]], steps: Optional[int]) -> None:
     """Poll the engines this attach started until each recording has ended and been sealed."""
     last_line = ""
-    bar = Progress()
+    bar = progress_line()
     procs = {id(p): p for p, _ in started}
     wanted = {(id(p), index) for p, index in started}
     while True:

@@ -3,16 +3,18 @@ re-run by the scheduler still shows it (docs/reduce.md)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
-from vllm_contract.cli.common import Progress, err, fail, quiet_vllm
-from vllm_contract.errors import TraceError
+from vllm_contract.cli.common import (ExitCode, JsonAlias, chosen, emit, err, format_choice,
+                                      progress_line, quiet_vllm)
 
 app = typer.Typer()
+
+
+ReduceFormat = format_choice("ReduceFormat", "reduce")
 
 
 @app.command()
@@ -37,7 +39,8 @@ def reduce(
                                       "one-at-a-time one).")] = 1,
     max_seconds: Annotated[Optional[float], typer.Option(
         "--max-seconds", help="Stop after this long with the best reduction so far.")] = None,
-    json_out: Annotated[bool, typer.Option("--json", help="The result as JSON.")] = False,
+    format: Annotated[ReduceFormat, typer.Option("--format", "-f")] = ReduceFormat.table,
+    json_out: JsonAlias = False,
 ) -> None:
     """Reduce a recording to a small one that still has FINDING when the scheduler re-runs
     it: whole requests are taken out (with their aborts), then the steps after the finding.
@@ -46,27 +49,17 @@ def reduce(
     quiet_vllm()
     from vllm_contract.replay.resim.reduce import reduce as run_reduce
 
-    bar = Progress()
+    bar = progress_line()
     try:
         result = run_reduce(trace, finding, out, engine=engine, scheduler_cls=scheduler_cls,
                             step=step, req=req, max_seconds=max_seconds, jobs=jobs,
                             progress=bar.show)
-    except TraceError as e:
-        bar.end()
-        fail(e)
     except KeyboardInterrupt:
         bar.end()
         err("vllm-contract: interrupted in the first re-run, before there was a reduction to "
             "keep: nothing written")
-        raise typer.Exit(130)
+        raise typer.Exit(ExitCode.INTERRUPTED)
     bar.end()
-    if result.stopped:
-        err(f"vllm-contract: note: stopped early ({result.stopped}): the best reduction so far")
-    if json_out:
-        typer.echo(json.dumps(result.as_dict(), indent=2))
-        return
-    typer.echo(f"{result.invariant}: {result.original_requests:,} → "
-               f"{len(result.best.requests):,} request(s), {result.original_steps:,} → "
-               f"{result.best_steps:,} step(s), {result.calls:,} re-simulations, "
-               f"{result.seconds:.1f} s")
-    typer.echo(f"the reduced trace: {result.trace}; the report: {out / 'README.md'}")
+    from vllm_contract.replay.export import render
+
+    emit(render("reduce", chosen(format, json_out), result, out))

@@ -7,8 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from vllm_contract.cli.common import Progress, emit, fail, format_choice, warn
-from vllm_contract.errors import TraceError
+from vllm_contract.cli.common import emit, format_choice, progress_line, warn
 
 app = typer.Typer()
 
@@ -34,14 +33,11 @@ def info(trace: Annotated[Path, typer.Argument(help="Trace directory (a root or 
     from vllm_contract.replay.query.gateway import Gateway
     from vllm_contract.replay.query.summary import summary
 
-    try:
-        t = _open(trace)
-        # the SQL views `sql` and `check` see, all engines together
-        with Gateway(t, derived=views) as gw:
-            s = summary(t, gw)  # its integrity checks are `check`'s
-            s["views"] = gw.counts(derived=views)
-    except TraceError as e:
-        fail(e)
+    t = _open(trace)
+    # the SQL views `sql` and `check` see, all engines together
+    with Gateway(t, derived=views) as gw:
+        s = summary(t, gw)  # its integrity checks are `check`'s
+        s["views"] = gw.counts(derived=views)
     for e in s["engines"]:
         for w in e["warnings"]:
             warn(w)
@@ -56,28 +52,25 @@ def compact(trace: Annotated[Path, typer.Argument(help="Trace directory.")]) -> 
     is left alone."""
     from vllm_contract.recorder.compact import compact as do_compact, segment_count
 
+    t = _open(trace)
+    total = segment_count(t)
+    done = [0]
+    line = progress_line("compacting {n}/{total}")
+
+    def one_more(path: Path) -> None:
+        done[0] += 1
+        line(done[0], total)
+
     try:
-        t = _open(trace)
-        total = segment_count(t)
-        done = [0]
-        bar = Progress()
+        stats = do_compact(t, one_more)
+    finally:  # Ctrl-C too
+        line.end()
+    if t.source is not None:  # compacted in a local copy: the remote trace takes it
+        from vllm_contract import remote
 
-        def progress(path: Path) -> None:
-            done[0] += 1
-            bar.show(f"compacting {done[0]}/{total}")
-
-        try:
-            stats = do_compact(t, progress)
-        finally:
-            bar.end()
-        if t.source is not None:  # compacted in a local copy: the remote trace takes it
-            from vllm_contract import remote
-
-            pushed = remote.push(t.root, t.source)
-            typer.echo(f"{t.source}: {pushed['uploaded']} file(s) written, "
-                       f"{pushed['deleted']} deleted", err=True)
-    except TraceError as e:
-        fail(e)
+        pushed = remote.push(t.root, t.source)
+        typer.echo(f"{t.source}: {pushed['uploaded']} file(s) written, "
+                   f"{pushed['deleted']} deleted", err=True)
     for w in t.warnings + t.problems:
         warn(w)
     before, after = stats["bytes_before"], stats["bytes_after"]
@@ -94,7 +87,4 @@ def demo(out: Annotated[Path, typer.Option(help="Where to write the trace.")] = 
     prefill, an abort and preemption; then summarise the trace."""
     from vllm_contract.rig import demo as demo_mod
 
-    try:
-        demo_mod.main(out, model)
-    except TraceError as e:
-        fail(e)
+    demo_mod.main(out, model)
