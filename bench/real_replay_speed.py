@@ -31,7 +31,7 @@ def main() -> None:
 
     from vllm_contract.recorder import attach
     from vllm_contract.replay.worker.plan import plan
-    from vllm_contract.replay.worker.real import RealWorker
+    from vllm_contract.replay.worker.vllm_driver import VllmDriver
     from vllm_contract.rig import tiny_model
     from vllm_contract.rig.demo import DEMO_ENGINE
     from vllm_contract.rig.engine import demo_workload, make_llm, scheduler_of
@@ -42,7 +42,7 @@ def main() -> None:
     with attach(scheduler_of(llm), out):
         demo_workload(llm)
     (engine,) = open_trace(out).engines
-    w = RealWorker(plan(engine))
+    w = VllmDriver(plan(engine))
     steps = len(w.steps)
     w.run()  # warm-up of both engines, untimed
     demo_workload(llm)

@@ -10,7 +10,7 @@
    checkpoints), then `goto(n)` and `state()` at --gotos random positions, each timed. Target:
    p95 <= 200 ms. The checkpoints' memory is reported.
 
-`--module FILE` (repeatable) also times a ShadowWorker module loaded from FILE (a copy of an
+`--module FILE` (repeatable) also times a ShadowModel module loaded from FILE (a copy of an
 older single-file shadow.py, say: `git show 5ed0ac0:replay/worker/shadow.py > old.py`) in the
 same rounds, so before and after are measured side by side.
 
@@ -60,9 +60,9 @@ print(json.dumps({"seconds": time.perf_counter() - t0, "findings": len(found),
 GOTO = LOAD + """
 import pickle, random
 from vllm_contract.replay import session as session_mod
-from vllm_contract.replay.worker import shadow_session
+from vllm_contract.replay.worker import shadow_worker
 mod = shadow_module(sys.argv[2])
-shadow_session.ShadowWorker = mod.ShadowWorker  # what Session's shadow worker is made of
+shadow_worker.ShadowModel = mod.ShadowModel  # what Session's shadow worker is made of
 n_gotos, seed = int(sys.argv[3]), int(sys.argv[4])
 t0 = time.perf_counter()
 s = session_mod.Session(sys.argv[1])

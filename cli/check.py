@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import enum
-import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
-from vllm_contract.cli.common import ExitCode, emit, err, fail, format_choice, warn
+from vllm_contract.cli.common import (ExitCode, emit, err, format_choice, progress_line, warn,
+                                      worker_choice)
 from vllm_contract.errors import TraceError
 from vllm_contract.findings import SEVERITIES
 from vllm_contract.replay.export import render
@@ -22,8 +22,7 @@ CheckFormat = format_choice("CheckFormat", "check")
 SqlFormat = format_choice("SqlFormat", "rows")
 
 
-class CheckWorker(str, enum.Enum):
-    shadow = "shadow"
+CheckWorker = worker_choice("CheckWorker")  # the registry's kinds
 
 
 class SqlEngine(str, enum.Enum):
@@ -34,24 +33,16 @@ class SqlEngine(str, enum.Enum):
 Severity = enum.Enum("Severity", {s: s for s in SEVERITIES}, type=str)
 
 
-def _progress(n: int, total: int, name: str) -> None:
-    """A progress line on a terminal; nothing when stderr is a file or a pipe."""
-    if not sys.stderr.isatty():
-        return
-    typer.echo(f"\rchecking {n}/{total} {name:<40}", err=True, nl=False)
-    if n == total:
-        typer.echo("", err=True)
-
-
-def _add_worker_findings(report, trace: Path) -> None:
+def _add_worker_findings(report, trace: Path, worker: str) -> None:
+    """A whole replay into the worker (every engine it covers), its findings and divergences
+    added to the catalog's."""
     from vllm_contract.findings import by_severity
     from vllm_contract.kinds import without_repeats
-    from vllm_contract.replay.worker.shadow import run_shadow
-    from vllm_contract.trace import open_trace
+    from vllm_contract.replay.stepping import replay_range
 
-    report.findings = without_repeats(report.findings, run_shadow(open_trace(trace)),
-                                      key=by_severity)
-    report.ran.append("worker.shadow")
+    run = replay_range(trace, worker)
+    report.findings = without_repeats(report.findings, run.all_findings(), key=by_severity)
+    report.ran.append(f"worker.{worker}")
 
 
 def _spark_conf(items: list[str]) -> dict[str, str]:
@@ -94,29 +85,29 @@ def check(
     from vllm_contract.replay.query import catalog, checker
     from vllm_contract.replay.query.gateway import Gateway
 
-    try:
-        invs = catalog.load(invariants)
-        if list_:
-            for inv in invs:
-                typer.echo(f"{inv.id:<36} {inv.severity:<8} {inv.title}")
-            return
-        selected = checker.select(invs, only)
-        if sql_engine is SqlEngine.spark:
-            from vllm_contract.replay.query.spark import SparkGateway
+    invs = catalog.load(invariants)
+    if list_:
+        for inv in invs:
+            typer.echo(f"{inv.id:<36} {inv.severity:<8} {inv.title}")
+        return
+    selected = checker.select(invs, only)
+    if sql_engine is SqlEngine.spark:
+        from vllm_contract.replay.query.spark import SparkGateway
 
-            gateway = SparkGateway(trace, master=master, conf=_spark_conf(spark_conf or []))
-        else:
-            if spark_conf or master != "local[2]":
-                raise TraceError("--master and --spark-conf need --sql-engine spark")
-            gateway = Gateway(trace)
-        with gateway as gw:
-            for w in gw.warnings:
-                warn(w)
-            report = checker.run(gw, selected, progress=_progress)
-        if worker is not None:
-            _add_worker_findings(report, trace)
-    except TraceError as e:
-        fail(e)
+        gateway = SparkGateway(trace, master=master, conf=_spark_conf(spark_conf or []))
+    else:
+        if spark_conf or master != "local[2]":
+            raise TraceError("--master and --spark-conf need --sql-engine spark")
+        gateway = Gateway(trace)
+    with gateway as gw:
+        for w in gw.warnings:
+            warn(w)
+        # on a terminal only: a CI log gets the findings, not a line per check
+        line = progress_line("checking {n}/{total} {name:<40}", tty_only=True)
+        report = checker.run(gw, selected, progress=line)
+        line.end()
+    if worker is not None:
+        _add_worker_findings(report, trace, worker.value)
     emit(render("check", format.value, report, selected, fail_on.value))
     if report.at_or_above(fail_on.value):
         raise typer.Exit(ExitCode.FOUND)
@@ -136,17 +127,19 @@ def sql(
     """Run SQL over a trace's views (steps, scheduled, requests, finished, lifeline, ...);
     without a query, an interactive prompt (statements end with ';', `.views` lists views)."""
     from vllm_contract.replay.query.gateway import Gateway
-    from vllm_contract.replay.query.views import VIEW_DOCS
 
-    try:
-        gw = Gateway(trace)
+    with Gateway(trace) as gw:
         for w in gw.warnings:
             warn(w)
         if query is not None:
             _print_table(gw.sql(query), format)
             return
-    except TraceError as e:
-        fail(e)
+        _prompt(gw, format)
+
+
+def _prompt(gw, format: SqlFormat) -> None:
+    from vllm_contract.replay.query.views import VIEW_DOCS
+
     err(f"views: {', '.join(VIEW_DOCS)}. End statements with ';'. Ctrl-D quits.")
     buf: list[str] = []
     while True:

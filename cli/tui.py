@@ -3,28 +3,24 @@ that a bad one is the same one line and exit 2 as with every other command."""
 
 from __future__ import annotations
 
-import enum
 import gc
 from pathlib import Path
 from typing import Annotated
 
 import typer
-from vllm_contract.cli.common import fail, quiet_vllm, warn
+from vllm_contract.cli.common import fail, quiet_vllm, warn, worker_choice
 from vllm_contract.errors import TraceError
 
 app = typer.Typer()
 
-
-class TuiWorker(str, enum.Enum):
-    shadow = "shadow"
-    vllm = "vllm"
+TuiWorker = worker_choice("TuiWorker")  # the registry's kinds
 
 
 @app.command()
 def tui(
     trace: Annotated[Path, typer.Argument(help="Trace directory.")],
     worker: Annotated[TuiWorker, typer.Option("--worker", help="The worker the replay pane "
-                                              "steps.")] = TuiWorker.shadow,
+                                              "steps.")] = TuiWorker["shadow"],
     engine: Annotated[str | None, typer.Option("--engine", help="Engine directory name "
                                                   "(default: the first).")] = None,
     step: Annotated[int | None, typer.Option("--step", help="Start at this step.")] = None,
@@ -38,27 +34,25 @@ def tui(
     """Step through a trace and its replay, like a debugger (keys: press ? in the app)."""
     if step is not None and finding is not None:
         fail("--step and --finding are alternatives: give one")
-    if worker is TuiWorker.vllm:
-        quiet_vllm()  # its log would write over the app's screen
+    from vllm_contract.replay import WorkerOptions, worker_class
+
+    kind = worker_class(worker.value)
+    if kind.compares_tokens:
+        quiet_vllm()  # vLLM's log would write over the app's screen
     from vllm_contract.tui import checks
     from vllm_contract.tui.app import ContractApp
     from vllm_contract.tui.data import TraceData
 
-    try:
-        if finding is not None and not finding.isdigit() and not finding.startswith(
-                "worker.") and finding not in checks.known_ids():
-            raise TraceError(f"unknown invariant {finding!r} (see `vllm-contract check --list`)")
-        data = TraceData(trace, engine)
-    except TraceError as e:
-        fail(e)
-    if worker is TuiWorker.vllm:  # a model it cannot load: one line now, not once the app runs
-        from vllm_contract.replay.worker.plan import model_path, pick_engine
-
-        try:
-            model_path(pick_engine(data.gateway.trace, data.engine), model and str(model))
-        except TraceError as e:
-            data.close()
-            fail(e)
+    if finding is not None and not finding.isdigit() and not finding.startswith(
+            "worker.") and finding not in checks.known_ids():
+        raise TraceError(f"unknown invariant {finding!r} (see `vllm-contract check --list`)")
+    data = TraceData(trace, engine)
+    try:  # e.g. a model it cannot load: one line now, not once the app runs
+        kind.precheck(data.gateway.trace, data.engine,
+                      WorkerOptions(model=None if model is None else str(model)))
+    except TraceError:
+        data.close()
+        raise
     for w in data.gateway.warnings:
         warn(w)
     try:

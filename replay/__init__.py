@@ -11,6 +11,9 @@ _EXPORTS = {"open_trace": ("vllm_contract.trace", "open_trace"),
             "Trace": ("vllm_contract.trace", "Trace"),
             "Gateway": ("vllm_contract.replay.query.gateway", "Gateway"),
             "Session": ("vllm_contract.replay.session", "Session"),
+            # the worker kinds Session steps, by name (`--worker`), and their settings
+            "worker_class": ("vllm_contract.replay.worker.registry", "worker_class"),
+            "WorkerOptions": ("vllm_contract.replay.worker.base", "WorkerOptions"),
             # the invariant catalog (each check's title, why, the vLLM code relying on it) and
             # the checker that runs it on a Gateway
             "Invariant": ("vllm_contract.replay.query.catalog", "Invariant"),

@@ -14,11 +14,12 @@ from textual import work
 from textual.app import App, ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Footer, Static, TabbedContent, TabPane
-from textual.worker import Worker, WorkerState, get_current_worker
+from textual.worker import Worker as ThreadWorker
+from textual.worker import WorkerState, get_current_worker
 from vllm_contract.errors import TraceError
 from vllm_contract.findings import Finding
 from vllm_contract.kinds import without_repeats
-from vllm_contract.replay import Gateway, Session
+from vllm_contract.replay import Gateway, Session, worker_class
 from vllm_contract.tui import checks, keys
 from vllm_contract.tui import messages as m
 from vllm_contract.tui.charts import Charts
@@ -47,13 +48,7 @@ def _live() -> bool:
 class ContractApp(App):
     TITLE = "vllm-contract"
     BINDINGS = keys.bindings()
-    CSS = """
-    #main { height: 1fr; }
-    #left { width: 70; border-right: solid $primary; }
-    #list-header { height: 1; text-style: bold; background: $boost; }
-    #panes { width: 1fr; }
-    #status { height: 1; background: $boost; padding: 0 1; }
-    """
+    CSS_PATH = "app.tcss"
 
     def __init__(self, data: TraceData, worker: str = "shadow", step: int | None = None,
                  finding: str | None = None, run_checks: bool = True,
@@ -186,10 +181,9 @@ class ContractApp(App):
             if not _live():
                 return
             if self.session is None:
-                if self.worker_kind == "vllm":
-                    self.post(m.WorkerNote("starting the vLLM worker: an engine built from the "
-                                           "trace's manifest…"))
                 try:
+                    if worker_class(self.worker_kind).starting:
+                        self.post(m.WorkerNote(worker_class(self.worker_kind).starting))
                     self.session = Session(self.data.root, worker=self.worker_kind,
                                            engine=self.data.engine, model=self.model)
                 except BaseException as e:
@@ -197,9 +191,10 @@ class ContractApp(App):
                         f"{type(e).__name__}: {e}")
                     raise
             s = self.session
-            # a real worker's every step is a model run, and going back re-runs from the start
-            slow = self.worker_kind == "vllm" and (position < s.position
-                                                   or position - s.position > 1)
+            # a worker without checkpoints (a real one: each step a model run) re-runs from the
+            # start to go back
+            slow = not type(s.worker).rewinds_cheaply and (position < s.position
+                                                           or position - s.position > 1)
             what = ("re-running from the start" if position < s.position
                     else "replaying") + f" to step position {position}"
             last = [0.0]
@@ -224,7 +219,7 @@ class ContractApp(App):
         self.post(m.SqlDone(query, self.data.sql(query, kind="sql"), time.perf_counter() - t))
 
     # -- the one handler for worker errors ----------------------------------------------------
-    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+    def on_worker_state_changed(self, event: ThreadWorker.StateChanged) -> None:
         if event.state != WorkerState.ERROR:
             return
         error = event.worker.error
@@ -232,18 +227,26 @@ class ContractApp(App):
             return
         text = str(error) if isinstance(error, TraceError) else f"{type(error).__name__}: {error}"
         group = event.worker.group
-        if group == "worker":
-            self.query_one(WorkerPane).fail(text, started=self.session is not None)
-        elif group == "pages":
-            self.steps.asked = []  # asked again at the next move
-        elif group == "sql":
-            self.query_one(SqlPane).status(f"error: {text}")
-        elif group == "findings":
-            self.checked = True
-            self.query_one(FindingsPane).query_one("#why", Static).update(
-                f"checking failed: {text}")
+        # what a failed group leaves behind, beyond the notice every failure gets
+        recover = {"worker": self._worker_failed, "pages": self._pages_failed,
+                   "sql": self._sql_failed, "findings": self._check_failed}.get(group)
+        if recover is not None:
+            recover(text)
         self.notify(text, title=f"{group} failed", severity="error", timeout=8)
         self.status(f"{group}: {text}")
+
+    def _worker_failed(self, text: str) -> None:
+        self.query_one(WorkerPane).fail(text, started=self.session is not None)
+
+    def _pages_failed(self, text: str) -> None:
+        self.steps.asked = []  # asked again at the next move
+
+    def _sql_failed(self, text: str) -> None:
+        self.query_one(SqlPane).status(f"error: {text}")
+
+    def _check_failed(self, text: str) -> None:
+        self.checked = True
+        self.query_one(FindingsPane).query_one("#why", Static).update(f"checking failed: {text}")
 
     # -- results ------------------------------------------------------------------------------
     def on_steps_loaded(self, msg: m.StepsLoaded) -> None:
@@ -370,7 +373,8 @@ class ContractApp(App):
         self.worker_findings = msg.findings + [d.finding(self.data.engine)
                                                for d in msg.divergences]
         self.query_one(WorkerPane).show(msg.state, msg.findings, msg.divergences, msg.notes,
-                                        self.worker_kind, self.query_one(DetailPane).unfolded)
+                                        type(self.session.worker),
+                                        self.query_one(DetailPane).unfolded)
         self._remark()
 
     async def on_sql_done(self, msg: m.SqlDone) -> None:

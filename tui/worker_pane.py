@@ -1,6 +1,6 @@
-"""The worker's state after the selected step, from the replay Session: with the shadow worker its
-request cache, batch order, block tables and encoder cache; with a real vLLM worker the requests
-it holds and the step's recorded against replayed tokens, divergences marked."""
+"""The worker's state after the selected step, from the replay Session, in the view its class
+fits (`compares_tokens`): a modelled worker state (render_model) or the tokens of a worker that
+runs the model (render_tokens). The pane knows no worker by name."""
 
 from __future__ import annotations
 
@@ -21,10 +21,13 @@ def _findings(findings: list[Finding]) -> list[Line]:
     return out
 
 
-def render_shadow(state: dict, findings: list[Finding], unfolded: bool) -> list[Line]:
+def render_model(kind: str, state: dict, findings: list[Finding], unfolded: bool
+                 ) -> list[Line]:
+    """A worker that models vLLM's worker state (the shadow): its request cache, batch order,
+    block tables and encoder cache."""
     reqs = state.get("requests", {})
     out: list[Line] = [
-        [(f"shadow worker at position {state.get('position')} "
+        [(f"{kind} worker at position {state.get('position')} "
           f"(next step {state.get('next_step')})", BOLD)],
         f"batch order ({len(state.get('batch', []))}): "
         f"{fold(state.get('batch', []), unfolded, 16)}", "",
@@ -44,16 +47,18 @@ def render_shadow(state: dict, findings: list[Finding], unfolded: bool) -> list[
     out.append(f"blocks held: {len(holders)}, by more than one request: {len(shared)}"
                + (f" ({fold([f'{b}:{h}' for b, h in shared.items()], unfolded)})"
                   if shared else ""))
-    out.append([("tokens: the shadow worker replays no tokens (no divergences)", DIM)])
+    out.append([(f"tokens: the {kind} worker replays no tokens (no divergences)", DIM)])
     return out + _findings(findings)
 
 
-def render_real(state: dict, findings: list[Finding], divergences: list, notes: list[str],
-                unfolded: bool) -> list[Line]:
+def render_tokens(kind: str, state: dict, findings: list[Finding], divergences: list,
+                  notes: list[str], unfolded: bool) -> list[Line]:
+    """A worker that runs the model (a real vLLM worker): the requests it holds and the step's
+    recorded against replayed tokens, divergences marked."""
     held = state.get("held", {})
     tokens = state.get("tokens", {})
     step = state.get("step")
-    out: list[Line] = [[(f"vllm worker at position {state.get('position')} "
+    out: list[Line] = [[(f"{kind} worker at position {state.get('position')} "
                          f"(after step {'-' if step is None else step})", BOLD)]]
     for note in notes:
         out.append([(f"note: {note}", DIM)])
@@ -115,12 +120,14 @@ class WorkerPane(Vertical):
             f"{what}: {done}/{total} steps (Esc cancels)")
 
     def show(self, state: dict, findings: list[Finding], divergences: list, notes: list[str],
-             worker: str, unfolded: bool) -> None:
+             worker: type, unfolded: bool) -> None:
+        """`worker`: the Worker class, whose `compares_tokens` says which view fits."""
         self.remove_class("replaying")
         self.state, self.error = state, None
         self.query_one("#worker-status", Static).update("")
-        self._set(render_shadow(state, findings, unfolded) if worker == "shadow"
-                  else render_real(state, findings, divergences, notes, unfolded))
+        self._set(render_tokens(worker.kind, state, findings, divergences, notes, unfolded)
+                  if worker.compares_tokens else render_model(worker.kind, state, findings,
+                                                               unfolded))
 
     def fail(self, error: str, started: bool) -> None:
         self.remove_class("replaying")

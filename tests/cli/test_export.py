@@ -15,7 +15,6 @@ from vllm_contract.replay import export
 
 @pytest.mark.parametrize("choice, kind", [(check.CheckFormat, "check"), (check.SqlFormat, "rows"),
                                           (replay.ReplayFormat, "replay"),
-                                          (replay.ReplayFormat, "real-replay"),
                                           (trace.InfoFormat, "info"), (live.PsFormat, "ps")])
 def test_each_command_offers_the_formats_its_kind_has(choice, kind):
     assert [c.value for c in choice] == export.formats(kind)

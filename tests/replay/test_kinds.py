@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_every_kind_a_worker_reports_is_registered_and_names_real_checks():
     worker = ROOT / "replay" / "worker"
     source = "\n".join(p.read_text() for p in [*sorted((worker / "shadow").glob("*.py")),
-                                                worker / "real.py", worker / "real_run.py"])
+                                                *sorted(worker.glob("vllm_*.py"))])
     used = set(re.findall(r'"((?:worker|replay)\.[a-z_]+)"', source))
     assert used and used <= set(KINDS), used - set(KINDS)
     checks = {i.id for i in catalog.load()}

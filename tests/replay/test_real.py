@@ -20,7 +20,7 @@ from checking import alter_one_token, edit, edit_manifest
 from readerkit import assert_clean_failure, copy_engine, engine_dir, invoke
 from vllm_contract.recorder import attach
 from vllm_contract.replay.session import Session
-from vllm_contract.replay.worker import real
+from vllm_contract.replay.worker import vllm_driver as real
 from vllm_contract.replay.worker.plan import plan
 from vllm_contract.rig.engine import demo_workload, params, scheduler_of
 from vllm_contract.rig.scenarios import prompt
@@ -89,7 +89,7 @@ def sampled(cpu_llm, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def replay_llm(demo):
-    """One replay engine for the module, sized for every trace here (a RealWorker frees what
+    """One replay engine for the module, sized for every trace here (a VllmDriver frees what
     the previous one left before it starts)."""
     p = plan(_engine(demo[0]))
     p = dataclasses.replace(p, kv_blocks=REPLAY_BLOCKS,
@@ -99,7 +99,7 @@ def replay_llm(demo):
 
 def _replay(path: Path, llm, force: bool = False, **kw):
     """Every step; the tokens the worker sampled per request, and the worker."""
-    w = real.RealWorker(plan(_engine(path), **kw), llm=llm, force=force)
+    w = real.VllmDriver(plan(_engine(path), **kw), llm=llm, force=force)
     got = defaultdict(list)
     while not w.done:
         w.step()
@@ -136,7 +136,7 @@ def test_forced_tokens_hold_the_recorded_context(sampled, replay_llm):
     """With teacher forcing the worker's cached output of every request, unseeded ones
     included, is the recorded one at every step."""
     e = _engine(sampled)
-    w = real.RealWorker(plan(e), llm=replay_llm, force=True)
+    w = real.VllmDriver(plan(e), llm=replay_llm, force=True)
     rec = defaultdict(list)
     by_step = defaultdict(dict)
     for r in e.read("model_outputs").to_pylist():
@@ -159,7 +159,7 @@ def test_altered_token_is_the_first_divergence(demo, replay_llm, tmp_path):
     w, _ = _replay(tmp_path / "t", replay_llm)
     assert [dataclasses.astuple(d) for d in w.divergences] == [(step, rid, altered, orig)]
     # forced: the worker takes the altered token, so its context from then on is the recorded
-    forced = real.RealWorker(plan(_engine(tmp_path / "t")), llm=replay_llm, force=True)
+    forced = real.VllmDriver(plan(_engine(tmp_path / "t")), llm=replay_llm, force=True)
     forced.goto(forced.steps.index(step) + 1)
     assert forced.divergences[0].step == step
     assert forced.state()["held"][rid]["output_token_ids"][-1] == altered[0]
@@ -253,6 +253,18 @@ def test_crash_is_refused_then_reported_from_a_child(demo, tmp_path):
     assert crashed["first"]["invariant"] == "replay.crash"
     assert crashed["crash"]["step"] == first["step"]
     assert f"KeyError: '{rid}'" in crashed["crash"]["traceback"]
+    # the same worker stepped at will: the crash stops it, going back starts it again
+    s = Session(tmp_path / "t", worker="vllm", allow_crash=True)
+    try:
+        assert s.run() and s.steps[s.position] == first["step"]
+        assert s.worker.stopped and s.worker.crash["step"] == first["step"]
+        assert [f.invariant for f in s.findings] == ["replay.crash"]
+        assert not s.step().applied and s.steps[s.position] == first["step"]
+        s.goto(3)
+        assert s.position == 3 and not s.worker.stopped and s.findings == []
+        assert set(s.state()["held"]) and s.divergences == []
+    finally:
+        s.close()
 
 
 def test_session_steps_back_and_agrees_with_the_shadow(demo, replay_llm):

@@ -41,7 +41,8 @@ def test_findings_follow_the_position():
     s = Session(SAMPLES / "broken-unknown-cached")
     assert s.findings == [] and s.divergences == []
     found = s.step()
-    assert [(f.invariant, f.step) for f in found] == [("worker.unknown_scheduled", 0)]
+    assert found.applied and found.divergences == []
+    assert [(f.invariant, f.step) for f in found.findings] == [("worker.unknown_scheduled", 0)]
     s.run()
     assert [f.invariant for f in s.findings] == ["worker.unknown_scheduled",
                                                  "worker.unknown_cached"]

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from vllm_contract.kinds import KINDS
-from vllm_contract.replay.worker.shadow import ShadowWorker, run_shadow
+from vllm_contract.replay.worker.shadow import ShadowModel, run_shadow
 from vllm_contract.rig import breaks, scenarios
 from vllm_contract.trace import open_trace
 
@@ -176,7 +176,7 @@ def test_state_is_plain_data_of_the_batch_and_tables():
     import json
 
     (e,) = open_trace(SAMPLES / "mixed").engines
-    w = ShadowWorker(e)
+    w = ShadowModel(e)
     w.run(until=3)
     st = w.state()
     json.dumps(st)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_contract.replay.worker.shadow import ShadowWorker
+from vllm_contract.replay.worker.shadow import ShadowModel
 from vllm_contract.rig import scenarios
 from vllm_contract.trace import open_trace
 
@@ -18,15 +18,15 @@ ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = ROOT / "samples"
 
 
-def _slow(engine, **kw) -> ShadowWorker:
-    w = ShadowWorker(engine, **kw)
+def _slow(engine, **kw) -> ShadowModel:
+    w = ShadowModel(engine, **kw)
     w._fast = lambda *a: False  # every step through the full step code
     return w
 
 
 def _assert_same(engine, checkpoint_every: int = 256) -> int:
     """Steps the fast path took."""
-    fast = ShadowWorker(engine, checkpoint_every=checkpoint_every)
+    fast = ShadowModel(engine, checkpoint_every=checkpoint_every)
     taken = [0]
     real = fast._fast
 

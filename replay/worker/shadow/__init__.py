@@ -8,11 +8,11 @@ The modules, each using only those before it: segments (a table's segments, Parq
 with their string columns left dictionary-encoded), columns (one engine's tables as numpy
 columns and lists), state (per request, per step, checkpoints), kernel (a chunk of steps'
 changes, prepared with numpy), rules (the worker's rules; the full path), fast (the fast path),
-worker (ShadowWorker and run_shadow).
+model (ShadowModel and run_shadow).
 
 pyarrow only: no vLLM, no DuckDB.
 """
 
-from vllm_contract.replay.worker.shadow.worker import ShadowWorker, run_shadow
+from vllm_contract.replay.worker.shadow.model import ShadowModel, run_shadow
 
-__all__ = ["ShadowWorker", "run_shadow"]
+__all__ = ["ShadowModel", "run_shadow"]

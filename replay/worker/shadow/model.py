@@ -1,4 +1,4 @@
-"""The shadow worker over one engine of a trace (ShadowWorker): stepping, forward and back
+"""The shadow worker over one engine of a trace (ShadowModel): stepping, forward and back
 through checkpoints, and the state as plain data; and a whole trace through it (run_shadow)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from vllm_contract.replay.worker.shadow.state import Checkpoints
 JUMP_STEPS = 64
 
 
-class ShadowWorker(FastModel):
+class ShadowModel(FastModel):
     """The shadow worker over one engine of a trace. `step()` applies the next recorded step;
     `finish()` adds what only the end of the trace tells (state never freed).
 
@@ -125,7 +125,7 @@ def run_shadow(trace, strict_order: bool = False,
     """Every engine of a trace through the shadow worker; its findings, sorted by step."""
     out: list[Finding] = []
     for engine in trace.engines:
-        w = ShadowWorker(engine, strict_order=strict_order)
+        w = ShadowModel(engine, strict_order=strict_order)
         if not w.run(progress=progress, cancel=cancel):
             break
         out.extend(w.findings)

@@ -17,28 +17,12 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
 from vllm_contract.errors import TraceError
-from vllm_contract.findings import Finding
-from vllm_contract.kinds import KINDS
+from vllm_contract.replay.worker.base import Divergence
 from vllm_contract.replay.worker.plan import Plan
 from vllm_contract.replay.worker.warmup import Ledger, warmup_steps, why_not
-
-@dataclass
-class Divergence:
-    step: int
-    req_id: str
-    recorded: list[int] | None
-    replayed: list[int] | None
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    def finding(self, engine: str | None = None) -> Finding:
-        return KINDS["replay.token_divergence"].finding(
-            self.step, self.req_id, f"recorded {self.recorded}, replayed {self.replayed}", engine)
 
 
 def _runner(worker: Any) -> Any:
@@ -138,8 +122,9 @@ def check_llm(llm: Any, plan: Plan) -> None:
                          f"{want}")
 
 
-class RealWorker:
-    """A vLLM worker stepped over one engine's recorded steps (a Plan's)."""
+class VllmDriver:
+    """Feeds a vLLM executor one engine's recorded steps (a Plan's) and compares the tokens it
+    samples; VllmWorker (vllm_worker.py) puts it behind the Worker interface."""
 
     def __init__(self, plan: Plan, llm: Any = None, force: bool = False) -> None:
         from vllm_contract.replay.worker.rebuild import rebuild
