@@ -4,7 +4,7 @@ NewRequestData, and ModelRunnerOutputs built from the re-run's own batch (vLLM l
 from __future__ import annotations
 
 import weakref
-from typing import Any
+from typing import Any, Callable
 
 from vllm_contract.replay.resim.inputs import Outputs
 
@@ -85,21 +85,28 @@ class Requests:
         return None if held is None or held[0]() is not req else (req.request_id, held[1])
 
 
-def model_output(so: Any, chunks: dict[str, bool], step: int, scheduler: Any,
-                 requests: Requests, outputs: Outputs) -> Any:
-    """What the worker returns for the re-run's batch `so`: nothing for a prefill chunk, else
-    the recorded tokens at the request's output position."""
+def runner_output(so: Any, chunks: dict[str, bool], tokens: Callable[[str], list[int]]) -> Any:
+    """The ModelRunnerOutput of the re-run's batch `so`, for the requests in `chunks`: nothing
+    for a prefill chunk, else `tokens(req_id)`."""
     from vllm.v1.outputs import ModelRunnerOutput
 
     req_ids, sampled = [], []
-    reqs = scheduler.requests
     for rid in so.num_scheduled_tokens:
         if rid not in chunks:
             continue
         req_ids.append(rid)
-        if chunks[rid]:
-            sampled.append([])
-            continue
+        sampled.append([] if chunks[rid] else tokens(rid))
+    return ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
+                             sampled_token_ids=sampled)
+
+
+def model_output(so: Any, chunks: dict[str, bool], step: int, scheduler: Any,
+                 requests: Requests, outputs: Outputs) -> Any:
+    """What the worker returns for the re-run's batch `so`: the recorded tokens at each
+    request's output position."""
+    reqs = scheduler.requests
+
+    def recorded(rid: str) -> list[int]:
         req = reqs.get(rid)
         toks = None
         if req is not None and not req.is_finished():
@@ -108,9 +115,9 @@ def model_output(so: Any, chunks: dict[str, bool], step: int, scheduler: Any,
         else:  # finished or aborted while its batch was in flight: ignored by the scheduler
             toks = outputs.by_step.get((step, rid))
             toks = None if toks is None else list(toks)
-        sampled.append(toks or [FILLER])
-    return ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
-                             sampled_token_ids=sampled)
+        return toks or [FILLER]
+
+    return runner_output(so, chunks, recorded)
 
 
 def finishes_of(engine_outputs: dict) -> list[tuple[str, str]]:

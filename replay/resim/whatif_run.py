@@ -9,7 +9,7 @@ from typing import Any, Iterator
 
 from vllm_contract.replay.resim import record
 from vllm_contract.replay.resim.core import ResimRun, StepResult, in_words, mask
-from vllm_contract.replay.resim.feed import FILLER
+from vllm_contract.replay.resim.feed import FILLER, runner_output
 from vllm_contract.replay.resim.whatif import (Comparison, Facts, abort_steps, measure,
                                                recorded_side)
 from vllm_contract.replay.resim.words import first_difference
@@ -229,22 +229,12 @@ class Driver:
     def _model_output(self, so: Any, chunks: dict[str, bool]) -> Any:
         """One token a request: its recorded one at its output position (drafts are not
         given in a what-if run, so a step never accepts several)."""
-        from vllm.v1.outputs import ModelRunnerOutput
-
-        req_ids, sampled = [], []
-        for rid in so.num_scheduled_tokens:
-            if rid not in chunks:
-                continue
-            req_ids.append(rid)
-            if chunks[rid]:
-                sampled.append([])
-                continue
+        def recorded(rid: str) -> list[int]:
             req = self.sched.requests[rid]
             stream, pos = self._stream(req), req.num_output_tokens
-            sampled.append([stream[pos] if pos < len(stream) else FILLER])
-        return ModelRunnerOutput(req_ids=req_ids,
-                                 req_id_to_index={r: i for i, r in enumerate(req_ids)},
-                                 sampled_token_ids=sampled)
+            return [stream[pos] if pos < len(stream) else FILLER]
+
+        return runner_output(so, chunks, recorded)
 
     def _cap(self, req_ids: list[str]) -> list[str]:
         """Finish the requests that have used all their recorded outputs and that the

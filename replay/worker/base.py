@@ -11,7 +11,7 @@ from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
 from typing import Callable, ClassVar
 
-from vllm_contract.findings import Finding, by_step
+from vllm_contract.findings import Finding
 from vllm_contract.kinds import KINDS
 
 Progress = Callable[[int, int], None]  # (steps done, steps to do)
@@ -42,13 +42,6 @@ class Stepped:
     findings: list[Finding] = field(default_factory=list)
     divergences: list[Divergence] = field(default_factory=list)
     applied: bool = True
-
-    def __bool__(self) -> bool:
-        return bool(self.findings or self.divergences)
-
-    def all(self, engine: str | None = None) -> list[Finding]:
-        """Findings and divergences as findings, by step."""
-        return sorted(self.findings + [d.finding(engine) for d in self.divergences], key=by_step)
 
 
 class Worker(ABC):
